@@ -1,0 +1,35 @@
+# mmcurate developer targets. `make demo` and `make test` install first when needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+# torch/torchvision are installed first with exact pins: on machines with a local wheel cache
+# this avoids resolving a different (multi-GB) build through open_clip's loose requirement.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/pip install -q torch torchvision
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/mmcurate demo
+
+test: install
+	$(BIN)/ruff check pipeline stages trainer tests bench
+	$(BIN)/python -m pytest -x -q
+
+lint: install
+	$(BIN)/ruff check pipeline stages trainer tests bench
+	$(BIN)/ruff format --check pipeline stages trainer tests bench
+
+bench: install
+	$(BIN)/python bench/build_images.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,250 @@
+"""A build, in three phases (DESIGN.md, "Data flow").
+
+A. Per partition, in a Ray task: read, run the per-sample stages, write the live samples as a
+   candidate tar, return one signature row per input sample (no media).
+B. On the driver, on signatures only: global decisions (dedupe), then stats.
+C. Plan the final shards from the kept signatures and write each in a Ray task; then the
+   signatures parquet, stats.json, and manifest.json last (the commit marker).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tempfile
+import time
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.config import BuildConfig
+from pipeline.config_io import ConfigError
+from pipeline.raysession import connect, run_tasks
+from pipeline.shards import candidate_name, shard_specs, write_shard
+from pipeline.sources import iter_chunks, plan_source, read_partition
+from pipeline.stats import build_stats, stage_order, stage_seconds
+from pipeline.storage import (
+    check_reachable,
+    filesystem,
+    join,
+    put_file_atomic,
+    redact,
+    write_bytes_atomic,
+)
+from pipeline.tario import sample_tar_bytes, write_tar
+from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Stage
+from stages.registry import build_stages
+
+log = logging.getLogger("mmcurate.build")
+MANIFEST_FORMAT = "mmcurate/1"
+WORK_DIR = "_work"
+NOT_SIGNATURE = {*IMAGE_COLUMNS, "txt", "json"}
+
+
+def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
+    """Run a whole build; returns the manifest. Config problems raise ConfigError first."""
+    stages = build_stages(cfg.stages)
+    parts = preflight(cfg)
+    connect(cfg.ray, progress)
+    timer = PhaseTimer()
+    work_url = join(cfg.output.path, WORK_DIR)
+    signatures = timer.run("candidates", phase_a, cfg, parts, work_url)
+    signatures = timer.run("decide", phase_b, signatures, stages)
+    entries, shard_of = timer.run("shards", phase_c, cfg, signatures, work_url)
+    signatures = with_columns(
+        signatures, {"shard": [shard_of.get(k) for k in signatures["__key__"].to_pylist()]}
+    )
+    stats = build_stats(signatures, stages, stage_seconds(signatures, stages))
+    stats["phases"] = timer.seconds
+    return timer.run("commit", commit, cfg, signatures, entries, stats, work_url)
+
+
+def preflight(cfg: BuildConfig) -> list[dict[str, Any]]:
+    """Fail fast, before Ray starts: storage reachable, output free, source non-empty."""
+    check_reachable(cfg.source.path, cfg.storage_options, "source.path")
+    check_reachable(cfg.output.path, cfg.storage_options, "output.path")
+    fs, out = filesystem(cfg.output.path, cfg.storage_options)
+    manifest = join(out, "manifest.json")
+    if fs.exists(manifest):
+        if not cfg.output.overwrite:
+            raise ConfigError(
+                f"output.path: {cfg.output.path} already holds a build; pass --overwrite"
+            )
+        clear_output(fs, out)
+    parts = plan_source(cfg.source, cfg.storage_options)
+    if not parts:
+        raise ConfigError(f"source.path: no input files in {cfg.source.path}")
+    return parts
+
+
+def clear_output(fs: Any, out: str) -> None:
+    """Remove a previous build, manifest first so no reader sees a half-deleted one."""
+    fs.rm(join(out, "manifest.json"))
+    for path in fs.glob(join(out, "shard-*.tar")):
+        fs.rm(path)
+    for folder in ("signatures", WORK_DIR):
+        if fs.exists(join(out, folder)):
+            fs.rm(join(out, folder), recursive=True)
+
+
+# ---- phase A -------------------------------------------------------------------------------
+
+
+def phase_a(cfg: BuildConfig, parts: list[dict], work_url: str) -> pa.Table:
+    task = partial(process_parts, cfg_json=cfg.model_dump_json(), work_url=work_url)
+    tables = run_tasks([json.dumps(p) for p in parts], task)
+    return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+
+
+def process_parts(items: list[str], cfg_json: str, work_url: str) -> pa.Table:
+    """Ray task body: process each partition given as JSON; return signature rows."""
+    cfg = BuildConfig.model_validate_json(cfg_json)
+    stages = stage_order(build_stages(cfg.stages))
+    tables = [process_partition(json.loads(item), cfg, stages, work_url) for item in items]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_url: str) -> pa.Table:
+    rows: list[dict[str, Any]] = []
+    for chunk in iter_chunks(read_partition(part, cfg.storage_options), cfg.ray.batch_size):
+        for stage in stages:
+            chunk = stage(chunk)
+        rows.extend(
+            dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)
+        )
+    live = [row for row in rows if row[DROP] is None]
+    for row in live:
+        row["__bytes__"] = sample_tar_bytes(row)
+    write_candidate(live, join(work_url, "candidates", candidate_name(part["part"])), cfg)
+    return signature_table(rows)
+
+
+def write_candidate(samples: list[dict], url: str, cfg: BuildConfig) -> None:
+    fs, path = filesystem(url, cfg.storage_options)
+    with tempfile.NamedTemporaryFile(prefix="mmcurate-cand-", suffix=".tar") as tmp:
+        write_tar(samples, tmp)
+        tmp.flush()
+        put_file_atomic(fs, tmp.name, path)
+
+
+def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """One row per sample without media; fixed types for the columns every build has."""
+    types = {
+        "__key__": pa.string(),
+        "__part__": pa.int64(),
+        "__index__": pa.int64(),
+        "__source__": pa.string(),
+        DROP: pa.string(),
+        DROP_STAGE: pa.string(),
+        "__bytes__": pa.int64(),
+        "sha256": pa.string(),
+    }
+    columns = [c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE]
+    columns += [c for c in ("__bytes__",) if c not in columns]
+    arrays = {c: pa.array([r.get(c) for r in rows], type=types.get(c)) for c in columns}
+    return pa.table(arrays)
+
+
+# ---- phase B -------------------------------------------------------------------------------
+
+
+def phase_b(signatures: pa.Table, stages: list[Stage]) -> pa.Table:
+    """Apply each global stage's decisions to the signatures (drop reason, kept key)."""
+    signatures = signatures.sort_by([("__part__", "ascending"), ("__index__", "ascending")])
+    drops = signatures[DROP].to_pylist()
+    drop_stages = signatures[DROP_STAGE].to_pylist()
+    duplicate_of: list[str | None] = [None] * signatures.num_rows
+    keys = signatures["__key__"].to_pylist()
+    for stage in (s for s in stages if s.is_global):
+        decided = stage.decide(signatures)
+        for i, key in enumerate(keys):
+            if key in decided and drops[i] is None:
+                drops[i], duplicate_of[i] = decided[key]
+                drop_stages[i] = stage.name
+        signatures = with_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
+    return with_columns(signatures, {"duplicate_of": duplicate_of})
+
+
+def with_columns(table: pa.Table, columns: dict[str, list]) -> pa.Table:
+    for name, values in columns.items():
+        array = pa.array(values, type=pa.string())
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, array)
+        else:
+            table = table.append_column(name, array)
+    return table
+
+
+# ---- phase C and commit --------------------------------------------------------------------
+
+
+def phase_c(
+    cfg: BuildConfig, signatures: pa.Table, work_url: str
+) -> tuple[list[dict], dict[str, str]]:
+    """Write the final shards; returns manifest entries and each kept key's shard."""
+    kept = signatures.filter(pc.is_null(signatures[DROP]))
+    rows = kept.select(["__key__", "__part__", "__bytes__"]).to_pylist()
+    specs = shard_specs(rows, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
+    task = partial(write_shards, work_url=work_url, cfg_json=cfg.model_dump_json())
+    results = run_tasks([json.dumps(s) for s in specs], task)
+    entries = [json.loads(e) for table in results for e in table["entry"].to_pylist()]
+    shard_of = {key: spec["name"] for spec in specs for key in spec["keys"]}
+    return sorted(entries, key=lambda e: e["name"]), shard_of
+
+
+def write_shards(items: list[str], work_url: str, cfg_json: str) -> pa.Table:
+    cfg = BuildConfig.model_validate_json(cfg_json)
+    candidates = join(work_url, "candidates")
+    entries = [
+        write_shard(json.loads(item), candidates, cfg.output.path, cfg.storage_options)
+        for item in items
+    ]
+    return pa.table({"entry": [json.dumps(e) for e in entries]})
+
+
+def commit(
+    cfg: BuildConfig, signatures: pa.Table, entries: list[dict], stats: dict, work_url: str
+) -> dict[str, Any]:
+    fs, out = filesystem(cfg.output.path, cfg.storage_options)
+    write_signatures(fs, out, signatures)
+    write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "samples": sum(e["samples"] for e in entries),
+        "shards": entries,
+        "config": redact(json.loads(cfg.model_dump_json())),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_bytes_atomic(fs, join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
+    fs.rm(join(out, WORK_DIR), recursive=True)
+    return manifest
+
+
+def write_signatures(fs: Any, out: str, signatures: pa.Table) -> None:
+    """signatures/part-000000.parquet: one row per input sample, with its fate."""
+    table = signatures.rename_columns(
+        [c.strip("_") if c.startswith("__") else c for c in signatures.column_names]
+    )
+    table = table.drop_columns([c for c in table.column_names if c.startswith("seconds_")])
+    table = table.drop_columns([c for c in ("part", "index") if c in table.column_names])
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    write_bytes_atomic(fs, join(out, "signatures", "part-000000.parquet"), buffer.getvalue())
+
+
+class PhaseTimer:
+    """Runs phases and records their wall time."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, fn: Any, *args: Any) -> Any:
+        started = time.perf_counter()
+        result = fn(*args)
+        self.seconds[name] = round(time.perf_counter() - started, 3)
+        log.info("phase %s done in %.1fs", name, self.seconds[name])
+        return result

@@ -1,0 +1,77 @@
+"""`mmcurate build | train | demo` (also `python -m pipeline ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from pipeline.config_io import ConfigError
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="mmcurate", description=__doc__)
+    sub = top.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="build a dataset from a YAML config")
+    build.add_argument("config")
+    build.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value (repeatable)",
+    )
+    build.add_argument(
+        "--overwrite", action="store_true", help="replace an existing build at output.path"
+    )
+    build.add_argument("--no-progress", action="store_true", help="hide Ray Data progress bars")
+    train = sub.add_parser("train", help="train a CLIP model on built shards")
+    train.add_argument("args", nargs=argparse.REMAINDER)
+    demo = sub.add_parser("demo", help="the embedded end-to-end demo (no network, no GPU)")
+    demo.add_argument("--out", default="demo-output", help="folder for everything it makes")
+    demo.add_argument("--samples", type=int, default=500)
+    demo.add_argument("--steps", type=int, default=40, help="training steps")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        if args.command == "build":
+            return build_command(args)
+        if args.command == "train":
+            from trainer.cli import main as train_main
+
+            return train_main(args.args)
+        from pipeline.demo import run_demo
+
+        return run_demo(args.out, samples=args.samples, steps=args.steps)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def build_command(args: argparse.Namespace) -> int:
+    from pipeline.build import run_build
+    from pipeline.config import load_build_config
+
+    overrides = list(args.overrides) + (["output.overwrite=true"] if args.overwrite else [])
+    cfg = load_build_config(args.config, overrides)
+    manifest = run_build(cfg, progress=not args.no_progress)
+    print(
+        json.dumps(
+            {
+                "output": cfg.output.path,
+                "samples": manifest["samples"],
+                "shards": len(manifest["shards"]),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

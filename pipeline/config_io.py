@@ -1,0 +1,94 @@
+"""YAML loading with `--set a.b=c` overrides, and one-line config errors.
+
+Shared by `mmcurate build` and `mmcurate train`: both read a YAML file, apply overrides, and
+validate the result with a pydantic model whose fields forbid unknown keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported to the user as one line."""
+
+
+def parse_override(text: str) -> tuple[list[str | int], Any]:
+    """Split `a.b.0.c=value` into a key path and a YAML-parsed value."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key.path=value")
+    dotted, raw = text.split("=", 1)
+    if not dotted or any(part == "" for part in dotted.split(".")):
+        raise ConfigError(f"--set {text!r}: empty key")
+    path: list[str | int] = [int(p) if p.isdigit() else p for p in dotted.split(".")]
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw  # not YAML: keep the literal string
+    return path, value
+
+
+def apply_override(tree: dict, path: list[str | int], value: Any) -> None:
+    """Set `value` at `path` inside nested dicts/lists, creating dicts as needed."""
+    node: Any = tree
+    for i, part in enumerate(path[:-1]):
+        where = ".".join(str(p) for p in path[: i + 1])
+        if isinstance(node, list):
+            if not isinstance(part, int) or part >= len(node):
+                raise ConfigError(f"--set {where}: no such list item")
+            node = node[part]
+        else:
+            node = node.setdefault(str(part), {})
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"--set {where}: is a value, not a section")
+    last = path[-1]
+    if isinstance(node, list):
+        if not isinstance(last, int) or last >= len(node):
+            raise ConfigError(f"--set {'.'.join(map(str, path))}: no such list item")
+        node[last] = value
+    else:
+        node[str(last)] = value
+
+
+def load_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
+    """Read a YAML mapping from `path` and apply `--set` overrides in order."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        tree = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    for text in overrides or []:
+        apply_override(tree, *parse_override(text))
+    return tree
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """The first pydantic error as `key.path: message` on one line."""
+    first = err.errors()[0]
+    inner = first.get("ctx", {}).get("error")
+    if isinstance(inner, ConfigError):  # raised by a nested validator, already one line
+        return str(inner)
+    where = ".".join(str(p) for p in first["loc"]) or "config"
+    if first["type"] == "extra_forbidden":
+        return f"{where}: unknown key"
+    if first["type"] == "missing":
+        return f"{where}: required key is missing"
+    return f"{where}: {first['msg']}"
+
+
+def validate(model: type[M], tree: dict) -> M:
+    """Validate `tree` as `model`, raising ConfigError with one line on failure."""
+    try:
+        return model.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(describe_validation_error(err)) from None

@@ -1,0 +1,206 @@
+"""Sources: plan input partitions on the driver (pure), read one partition in a task.
+
+A partition is a small JSON-able dict. Reading it yields a batch (dict of column lists) with
+`__key__`, `__part__`, `__index__` (position, which fixes output order), `__source__`, `txt`,
+`json`, the image columns, and `__drop__`/`__drop_stage__` for samples the source rejects.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.config import SourceConfig
+from pipeline.config_io import ConfigError
+from pipeline.storage import filesystem
+from pipeline.tario import EXT_ALIASES, iter_tar_samples
+from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Batch
+
+IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
+BASE_COLUMNS = ("__key__", "__part__", "__index__", "__source__", "txt", "json", DROP, DROP_STAGE)
+SOURCE = "source"  # the __drop_stage__ of samples rejected while reading
+
+
+def empty_batch() -> Batch:
+    return {col: [] for col in (*BASE_COLUMNS, *IMAGE_COLUMNS)}
+
+
+def append_sample(batch: Batch, sample: dict[str, Any]) -> None:
+    for col, values in batch.items():
+        values.append(sample.get(col))
+
+
+def sanitize_key(text: str) -> str:
+    """Keys may not contain dots (WebDataset splits on them) or path separators."""
+    return re.sub(r"[^A-Za-z0-9_\-]", "_", text)
+
+
+def decode_caption(data: bytes | None) -> tuple[str | None, str | None]:
+    """(caption, drop reason): captions must be UTF-8."""
+    if data is None:
+        return None, None
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "caption_not_utf8"
+
+
+# ---- images: a folder of image files with sidecar .txt captions -------------------------
+
+
+def plan_images(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """List the folder once; split sorted image files into partitions of `files_per_task`."""
+    fs, root = filesystem(cfg.path, storage_options)
+    if not fs.isdir(root):
+        raise ConfigError(f"source.path: folder not found: {cfg.path}")
+    files = sorted(p for p in fs.find(root) if p.rpartition(".")[2].lower() in IMAGE_EXTS)
+    texts = {p for p in fs.find(root) if p.endswith(".txt")}
+    root = root.rstrip("/")
+    entries = []
+    for path in files:
+        rel = path[len(root) + 1 :]
+        stem = rel.rpartition(".")[0]
+        caption = f"{root}/{stem}.txt"
+        entries.append({"rel": rel, "key": sanitize_key(stem), "txt": caption in texts})
+    disambiguate_keys(entries)
+    size = cfg.files_per_task
+    return [
+        {
+            "kind": "images",
+            "part": i,
+            "root": root,
+            "protocol": protocol_of(cfg.path),
+            "entries": entries[start : start + size],
+        }
+        for i, start in enumerate(range(0, len(entries), size))
+    ]
+
+
+def disambiguate_keys(entries: list[dict[str, Any]]) -> None:
+    """`a.jpg` and `a.png` share a stem: suffix the extension so keys stay unique."""
+    seen: dict[str, int] = {}
+    for entry in entries:
+        seen[entry["key"]] = seen.get(entry["key"], 0) + 1
+    for entry in entries:
+        if seen[entry["key"]] > 1:
+            entry["key"] = sanitize_key(entry["rel"])
+
+
+def protocol_of(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else "file"
+
+
+def full_url(part: dict[str, Any], path: str) -> str:
+    return path if part["protocol"] == "file" else f"{part['protocol']}://{path}"
+
+
+def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
+    """Read one partition's image bytes and captions (one batched `cat` per partition)."""
+    fs, _ = filesystem(full_url(part, part["root"]), storage_options)
+    root = part["root"]
+    wanted = [f"{root}/{e['rel']}" for e in part["entries"]]
+    wanted += [f"{root}/{e['rel'].rpartition('.')[0]}.txt" for e in part["entries"] if e["txt"]]
+    blobs = fs.cat(wanted, on_error="return")
+    batch = empty_batch()
+    for index, entry in enumerate(part["entries"]):
+        path = f"{root}/{entry['rel']}"
+        caption_path = f"{root}/{entry['rel'].rpartition('.')[0]}.txt"
+        sample = image_sample(entry, blobs.get(path), blobs.get(caption_path))
+        sample.update({"__part__": part["part"], "__index__": index, "__source__": path})
+        append_sample(batch, sample)
+    return batch
+
+
+def image_sample(entry: dict[str, Any], data: Any, caption: Any) -> dict[str, Any]:
+    ext = entry["rel"].rpartition(".")[2].lower()
+    sample: dict[str, Any] = {"__key__": entry["key"], "json": json.dumps({"source": entry["rel"]})}
+    if isinstance(data, Exception) or data is None:
+        return sample | {DROP: "read_error", DROP_STAGE: SOURCE}
+    sample[EXT_ALIASES.get(ext, ext)] = data
+    text, reason = decode_caption(None if isinstance(caption, Exception) else caption)
+    sample["txt"] = text
+    if reason:
+        sample.update({DROP: reason, DROP_STAGE: SOURCE})
+    return sample
+
+
+# ---- webdataset: tar shards, local or remote ------------------------------------------------
+
+
+def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """One partition per tar matched by the glob (sorted, so order is deterministic)."""
+    fs, pattern = filesystem(cfg.path, storage_options)
+    tars = sorted(fs.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
+    tars = [t for t in tars if fs.isfile(t)]
+    if not tars:
+        raise ConfigError(f"source.path: no tar files match {cfg.path}")
+    protocol = protocol_of(cfg.path)
+    return [
+        {"kind": "webdataset", "part": i, "tar": t, "protocol": protocol}
+        for i, t in enumerate(tars)
+    ]
+
+
+def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
+    """Stream one tar; a corrupt tar keeps the samples before the damage and counts one error."""
+    fs, path = filesystem(full_url(part, part["tar"]), storage_options)
+    batch = empty_batch()
+    index = 0
+    try:
+        with fs.open(path, "rb") as fileobj:
+            for index, raw in enumerate(iter_tar_samples(fileobj)):  # noqa: B007
+                append_sample(batch, tar_sample(raw, part, index))
+    except Exception as err:  # tarfile/IO raise several types; the shard is damaged either way
+        stem = sanitize_key(path.rpartition("/")[2])
+        append_sample(
+            batch,
+            {
+                "__key__": f"{stem}_damaged",
+                "__part__": part["part"],
+                "__index__": len(batch["__key__"]),
+                "__source__": path,
+                DROP: f"corrupt_tar:{type(err).__name__}",
+                DROP_STAGE: SOURCE,
+            },
+        )
+    return batch
+
+
+def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[str, Any]:
+    sample = {col: raw.get(col) for col in IMAGE_COLUMNS}
+    sample.update(
+        {
+            "__key__": raw["__key__"].replace("/", "_"),
+            "__part__": part["part"],
+            "__index__": index,
+            "__source__": part["tar"],
+        }
+    )
+    text, reason = decode_caption(raw.get("txt"))
+    sample["txt"] = text
+    meta, _ = decode_caption(raw.get("json"))
+    sample["json"] = meta
+    if reason:
+        sample.update({DROP: reason, DROP_STAGE: SOURCE})
+    return sample
+
+
+PLANNERS = {"images": plan_images, "webdataset": plan_webdataset}
+READERS = {"images": read_images, "webdataset": read_webdataset}
+
+
+def plan_source(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    return PLANNERS[cfg.kind](cfg, storage_options)
+
+
+def read_partition(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
+    return READERS[part["kind"]](part, storage_options)
+
+
+def iter_chunks(batch: Batch, size: int) -> Iterator[Batch]:
+    """Split a batch into batches of at most `size` rows."""
+    total = len(batch["__key__"])
+    for start in range(0, total, size):
+        yield {col: values[start : start + size] for col, values in batch.items()}

@@ -1,0 +1,56 @@
+"""Per-stage counts from the signatures table: in, out, and drops by reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+
+from stages.base import DROP, DROP_STAGE, Stage
+
+
+def stage_order(stages: list[Stage]) -> list[Stage]:
+    """Execution order: per-sample work in config order, then global decisions."""
+    return [s for s in stages if not s.is_global] + [s for s in stages if s.is_global]
+
+
+def build_stats(signatures: pa.Table, stages: list[Stage], seconds: dict[str, float]) -> dict:
+    """stats.json content; every input sample is counted once, as kept or under a reason."""
+    total = signatures.num_rows
+    drops = Counter(
+        zip(signatures[DROP_STAGE].to_pylist(), signatures[DROP].to_pylist(), strict=True)
+    )
+    entries: list[dict[str, Any]] = []
+    remaining = total
+    for name in ["source", *[s.name for s in stage_order(stages)]]:
+        dropped = {
+            reason: n
+            for (stage, reason), n in sorted(drops.items(), key=str)
+            if stage == name and reason is not None
+        }
+        out = remaining - sum(dropped.values())
+        entries.append(
+            {
+                "name": name,
+                "in": remaining,
+                "out": out,
+                "dropped": dropped,
+                "seconds": round(seconds.get(name, 0.0), 3),
+            }
+        )
+        remaining = out
+    kept = sum(1 for reason in signatures[DROP].to_pylist() if reason is None)
+    if kept != remaining:
+        raise RuntimeError(f"stats do not add up: {kept} kept, {remaining} by stage counts")
+    return {"stages": entries, "samples_in": total, "samples_out": kept, "phases": {}}
+
+
+def stage_seconds(signatures: pa.Table, stages: list[Stage]) -> dict[str, float]:
+    """Total worker seconds per per-sample stage, from the per-row timing columns."""
+    out: dict[str, float] = {}
+    for stage in stages:
+        col = stage.timing_column
+        if col in signatures.column_names:
+            out[stage.name] = float(sum(v or 0.0 for v in signatures[col].to_pylist()))
+    return out

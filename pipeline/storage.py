@@ -1,0 +1,112 @@
+"""Storage behind fsspec: URL -> filesystem, fast reachability checks, atomic writes."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from pipeline.config_io import ConfigError
+
+T = TypeVar("T")
+SECRET_WORDS = ("key", "secret", "token", "password", "credential")
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """(fsspec filesystem, path inside it) for any URL; local paths expand `~`."""
+    if "://" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
+    return url_to_fs(url, **(storage_options or {}))
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def is_local(fs: Any) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def quick_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """Options for a reachability probe: short timeouts, few retries, no cached instance."""
+    options = dict(storage_options)
+    if url.startswith(("s3://", "s3a://")):
+        config = dict(options.get("config_kwargs") or {})
+        config.update(connect_timeout=3, read_timeout=5, retries={"max_attempts": 1})
+        options.update(config_kwargs=config, skip_instance_cache=True, retries=1)
+    return options
+
+
+def check_reachable(url: str, storage_options: dict[str, Any], what: str) -> None:
+    """Fail fast (ConfigError, one line) if the store behind `url` does not answer."""
+    try:
+        fs, path = filesystem(url, quick_options(url, storage_options))
+        if is_local(fs):
+            return
+        fs.ls(path.split("/")[0], detail=False)
+    except FileNotFoundError:
+        raise ConfigError(f"{what}: bucket not found for {url}") from None
+    except Exception as err:  # botocore/aiohttp raise many types; all mean "unreachable"
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{what}: storage unreachable for {url}: {reason}") from None
+
+
+def with_retries(fn: Callable[[], T], attempts: int = 5, base_s: float = 0.2) -> T:
+    """Call `fn`, retrying transient I/O errors with exponential backoff and full jitter."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except (OSError, TimeoutError) as err:
+            if isinstance(err, (FileNotFoundError, PermissionError)) or attempt == attempts - 1:
+                raise
+            time.sleep(random.uniform(0, base_s * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+def put_file_atomic(fs: Any, local_path: str, path: str) -> None:
+    """Upload a finished local file so readers see all of it or nothing.
+
+    Object stores publish a PUT (or completed multipart upload) atomically; on file systems
+    we upload to a temporary name in the same folder and rename.
+    """
+    if is_local(fs):
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        fs.makedirs(os.path.dirname(path), exist_ok=True)
+        fs.put_file(local_path, tmp)
+        os.replace(tmp, path)
+    else:
+        with_retries(lambda: fs.put_file(local_path, path))
+
+
+def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:
+    """Write a small object atomically (manifest, stats, markers)."""
+    if is_local(fs):
+        fs.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    else:
+        with_retries(lambda: fs.pipe_file(path, data))
+
+
+def redact(value: Any) -> Any:
+    """Copy of a config tree with secret-looking values replaced."""
+    if isinstance(value, dict):
+        return {
+            k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) and v else redact(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def open_url(url: str, storage_options: dict[str, Any] | None = None, mode: str = "rb") -> Any:
+    return fsspec.open(url, mode, **(storage_options or {}))

@@ -1,0 +1,77 @@
+"""Reading and writing WebDataset tar shards: pure helpers over file objects.
+
+Members are `<key>.<ext>`; a sample is the run of consecutive members sharing a key. Written
+tars are deterministic (sorted extensions, zero mtimes and owners) so a rerun is byte-identical.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+# Columns that become tar members; everything else stays in the signatures table.
+MEMBER_COLUMNS = ("jpg", "png", "webp", "gif", "bmp", "tiff", "txt", "json", "cls", "mp4")
+EXT_ALIASES = {"jpeg": "jpg", "tif": "tiff"}
+
+
+def split_member_name(name: str) -> tuple[str, str]:
+    """`dir/abc.def.jpg` -> (`dir/abc`, `def.jpg`): WebDataset's key/extension rule."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    key = f"{folder}/{stem}" if folder else stem
+    return key, ext.lower() if dot else ""
+
+
+def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[dict[str, Any]]:
+    """Stream samples from a tar: dicts of `__key__` plus raw bytes per extension."""
+    current: dict[str, Any] | None = None
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            key, ext = split_member_name(member.name)
+            data = tar.extractfile(member).read()
+            if current is not None and current["__key__"] != key:
+                yield current
+                current = None
+            if current is None:
+                current = {"__key__": key}
+            current[EXT_ALIASES.get(ext, ext)] = data
+    if current is not None:
+        yield current
+
+
+def sample_members(sample: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """The (member name, bytes) pairs a sample writes, extensions sorted."""
+    members = []
+    for col in sorted(c for c in MEMBER_COLUMNS if sample.get(c) is not None):
+        value = sample[col]
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        members.append((f"{sample['__key__']}.{col}", data))
+    return members
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o444
+    info.mtime = 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_tar(samples: Iterable[dict[str, Any]], fileobj: IO[bytes]) -> int:
+    """Write samples as one tar (USTAR/PAX, uncompressed); returns the sample count."""
+    count = 0
+    with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for sample in samples:
+            for name, data in sample_members(sample):
+                add_member(tar, name, data)
+            count += 1
+    return count
+
+
+def sample_tar_bytes(sample: dict[str, Any]) -> int:
+    """Bytes a sample occupies inside a tar: a 512-byte header + padded data per member."""
+    return sum(512 + -(-len(data) // 512) * 512 for _, data in sample_members(sample))

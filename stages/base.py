@@ -1,0 +1,113 @@
+"""The stage interface: a frozen options model, lazy setup, `__call__(batch) -> batch`.
+
+A batch is a dict of equal-length column lists (WebDataset naming: `__key__`, `jpg`, `txt`, ...).
+Samples are never removed from a batch: a dropped sample keeps its row with `__drop__` set to a
+reason and `__drop_stage__` to the stage name, and its media cleared. That way every sample
+reaches the driver as a signature row, so drop counts are exact and a rerun can be checked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict
+
+Batch = dict[str, list[Any]]
+
+# Media columns a sample may carry; sources fill the one matching the file type.
+IMAGE_COLUMNS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
+DROP = "__drop__"
+DROP_STAGE = "__drop_stage__"
+
+
+class StageOptions(BaseModel):
+    """Base for stage options: unknown keys are errors; values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Stage:
+    """A per-sample stage. Subclasses set `name`, `Options`, and implement `process`.
+
+    `process(batch)` sees only live samples and returns `(batch, reasons)`, where `reasons[i]` is
+    None to keep sample i or a short drop reason. Stages that also take a global decision over
+    the whole dataset (dedupe, percentiles) set `is_global` and implement `decide`.
+    """
+
+    name: ClassVar[str]
+    Options: ClassVar[type[StageOptions]] = StageOptions
+    is_global: ClassVar[bool] = False
+
+    def __init__(self, options: StageOptions | None = None, index: int = 0) -> None:
+        self.options = options if options is not None else self.Options()
+        self.index = index  # position in the config's stage list, used for timing columns
+        self._ready = False
+
+    def setup(self) -> None:
+        """Load heavy state (models) once per worker; called lazily before the first batch."""
+
+    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+        raise NotImplementedError
+
+    def decide(self, signatures: pa.Table) -> dict[str, tuple[str, str | None]]:
+        """Global stages: map key -> (drop reason, kept key) over live signature rows."""
+        return {}
+
+    @property
+    def timing_column(self) -> str:
+        return f"__seconds_{self.index}__"
+
+    def __call__(self, batch: Batch) -> Batch:
+        if not self._ready:
+            self.setup()
+            self._ready = True
+        started = time.perf_counter()
+        live = [i for i, reason in enumerate(batch[DROP]) if reason is None]
+        if live:
+            sub = {col: [values[i] for i in live] for col, values in batch.items()}
+            sub, reasons = self.process(sub)
+            merge_live_rows(batch, sub, live, reasons, self.name)
+        per_sample = (time.perf_counter() - started) / max(len(batch[DROP]), 1)
+        batch[self.timing_column] = [per_sample] * len(batch[DROP])
+        return batch
+
+
+def merge_live_rows(
+    batch: Batch, sub: Batch, live: list[int], reasons: list[str | None], stage: str
+) -> None:
+    """Write processed live rows back into `batch`; mark and strip newly dropped ones."""
+    size = len(batch[DROP])
+    for col, values in sub.items():
+        if col not in batch:
+            batch[col] = [None] * size
+        for j, i in enumerate(live):
+            batch[col][i] = values[j]
+    for j, i in enumerate(live):
+        if reasons[j] is not None:
+            batch[DROP][i] = reasons[j]
+            batch[DROP_STAGE][i] = stage
+            for col in IMAGE_COLUMNS:
+                if col in batch:
+                    batch[col][i] = None
+
+
+def media_column(batch: Batch, row: int) -> str | None:
+    """The image column that holds bytes for `row`, or None."""
+    for col in IMAGE_COLUMNS:
+        values = batch.get(col)
+        if values is not None and values[row] is not None:
+            return col
+    return None
+
+
+_REGISTRY: dict[str, type[Stage]] = {}
+
+
+def register(cls: type[Stage]) -> type[Stage]:
+    """Class decorator: make a stage available by its `name` in configs."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"stage {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls

@@ -1,0 +1,129 @@
+"""decode_image: validate, EXIF-transpose, convert to RGB, resize, re-encode."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Literal
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+from pydantic import Field
+
+from stages.base import IMAGE_COLUMNS, Batch, Stage, StageOptions, media_column, register
+
+# PIL's own limit would raise a warning, then an error at 2x; we want one clear drop reason.
+Image.MAX_IMAGE_PIXELS = None
+PIL_FORMATS = {"jpg": "JPEG", "webp": "WEBP", "png": "PNG"}
+
+
+class ResizeOptions(StageOptions):
+    size: int = Field(256, gt=0, description="Target length of the shorter side, in pixels.")
+    mode: Literal["keep_ratio", "center_crop", "none"] = "keep_ratio"
+    upscale: bool = Field(False, description="Also enlarge images smaller than `size`.")
+
+
+class DecodeImageOptions(StageOptions):
+    resize: ResizeOptions = ResizeOptions()
+    format: Literal["jpg", "webp", "png"] = "jpg"
+    quality: int = Field(95, ge=1, le=100, description="JPEG/WebP quality.")
+    max_pixels: int = Field(
+        100_000_000, gt=0, description="Drop larger images (decompression-bomb guard)."
+    )
+
+
+def target_size(width: int, height: int, resize: ResizeOptions) -> tuple[int, int]:
+    """Size after scaling the shorter side to `resize.size` (before any crop)."""
+    short = min(width, height)
+    if resize.mode == "none" or (short <= resize.size and not resize.upscale):
+        return width, height
+    scale = resize.size / short
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def center_crop_box(width: int, height: int, side: int) -> tuple[int, int, int, int]:
+    left = (width - side) // 2
+    top = (height - side) // 2
+    return left, top, left + side, top + side
+
+
+def transform(image: Image.Image, resize: ResizeOptions) -> Image.Image:
+    """EXIF transpose, RGB, resize and optional centre crop."""
+    image = ImageOps.exif_transpose(image)
+    if image.mode != "RGB":
+        image = (
+            image.convert("RGBA").convert("RGB")
+            if "A" in image.getbands()
+            else image.convert("RGB")
+        )
+    new_size = target_size(image.width, image.height, resize)
+    if new_size != image.size:
+        image = image.resize(new_size, Image.Resampling.BICUBIC, reducing_gap=3.0)
+    if resize.mode == "center_crop":
+        side = min(image.size)
+        image = image.crop(center_crop_box(image.width, image.height, side))
+    return image
+
+
+def encode(image: Image.Image, fmt: str, quality: int) -> bytes:
+    out = io.BytesIO()
+    if fmt == "png":
+        image.save(out, "PNG")
+    else:
+        image.save(out, PIL_FORMATS[fmt], quality=quality)
+    return out.getvalue()
+
+
+@register
+class DecodeImage(Stage):
+    """Decodes every image; undecodable ones are dropped as `decode_error`."""
+
+    name = "decode_image"
+    Options = DecodeImageOptions
+
+    def decode_one(self, data: bytes) -> tuple[bytes | None, dict, str | None]:
+        opts: DecodeImageOptions = self.options
+        try:
+            image = Image.open(io.BytesIO(data))
+            meta = {"original_width": image.width, "original_height": image.height}
+            if image.width * image.height > opts.max_pixels:
+                return None, meta, "too_many_pixels"
+            if image.format == "JPEG" and opts.resize.mode != "none":
+                # Let libjpeg scale by 1/2..1/8 while decoding; stays >= the target size.
+                image.draft("RGB", target_size(image.width, image.height, opts.resize))
+            image = transform(image, opts.resize)
+            meta.update(width=image.width, height=image.height)
+            return encode(image, opts.format, opts.quality), meta, None
+        except (
+            UnidentifiedImageError,
+            OSError,
+            ValueError,
+            SyntaxError,
+            Image.DecompressionBombError,
+        ):
+            return None, {}, "decode_error"
+
+    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+        fmt = self.options.format
+        size = len(batch["__key__"])
+        out = {col: [None] * size for col in IMAGE_COLUMNS}
+        metas = list(batch.get("json") or [None] * size)
+        reasons: list[str | None] = []
+        for row in range(size):
+            col = media_column(batch, row)
+            if col is None:
+                reasons.append("no_image")
+                continue
+            data, meta, reason = self.decode_one(batch[col][row])
+            reasons.append(reason)
+            out[fmt][row] = data
+            metas[row] = merge_json(metas[row], meta)
+        batch.update(out)
+        batch["json"] = metas
+        return batch, reasons
+
+
+def merge_json(text: str | None, extra: dict) -> str:
+    """Add `extra` fields to a sample's JSON metadata string."""
+    meta = json.loads(text) if text else {}
+    meta.update(extra)
+    return json.dumps(meta, sort_keys=True)
