@@ -33,6 +33,7 @@ from pipeline.storage import (
     join,
     put_file_atomic,
     redact,
+    remove_tree,
     write_bytes_atomic,
 )
 from pipeline.tario import sample_tar_bytes, write_tar
@@ -87,8 +88,7 @@ def clear_output(fs: Any, out: str) -> None:
     for path in fs.glob(join(out, "shard-*.tar")):
         fs.rm(path)
     for folder in ("signatures", WORK_DIR):
-        if fs.exists(join(out, folder)):
-            fs.rm(join(out, folder), recursive=True)
+        remove_tree(fs, join(out, folder))
 
 
 # ---- phase A -------------------------------------------------------------------------------
@@ -220,17 +220,21 @@ def commit(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     write_bytes_atomic(fs, join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
-    fs.rm(join(out, WORK_DIR), recursive=True)
+    remove_tree(fs, join(out, WORK_DIR))
     return manifest
 
 
 def write_signatures(fs: Any, out: str, signatures: pa.Table) -> None:
     """signatures/part-000000.parquet: one row per input sample, with its fate."""
-    table = signatures.rename_columns(
-        [c.strip("_") if c.startswith("__") else c for c in signatures.column_names]
-    )
-    table = table.drop_columns([c for c in table.column_names if c.startswith("seconds_")])
-    table = table.drop_columns([c for c in ("part", "index") if c in table.column_names])
+    names = {
+        "__key__": "key",
+        "__source__": "source",
+        DROP: "drop_reason",
+        DROP_STAGE: "drop_stage",
+        "__bytes__": "bytes",
+    }
+    keep = [c for c in signatures.column_names if c in names or not c.startswith("__")]
+    table = signatures.select(keep).rename_columns([names.get(c, c) for c in keep])
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     write_bytes_atomic(fs, join(out, "signatures", "part-000000.parquet"), buffer.getvalue())

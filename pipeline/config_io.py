@@ -72,18 +72,18 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
     return tree
 
 
-def describe_validation_error(err: ValidationError) -> str:
+def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
     """The first pydantic error as `key.path: message` on one line."""
     first = err.errors()[0]
     inner = first.get("ctx", {}).get("error")
     if isinstance(inner, ConfigError):  # raised by a nested validator, already one line
         return str(inner)
-    where = ".".join(str(p) for p in first["loc"]) or "config"
+    where = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "") or "config"
     if first["type"] == "extra_forbidden":
         return f"{where}: unknown key"
     if first["type"] == "missing":
         return f"{where}: required key is missing"
-    return f"{where}: {first['msg']}"
+    return f"{where}: {first['msg'].removeprefix('Value error, ')}"
 
 
 def validate(model: type[M], tree: dict) -> M:

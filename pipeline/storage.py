@@ -39,7 +39,7 @@ def quick_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     if url.startswith(("s3://", "s3a://")):
         config = dict(options.get("config_kwargs") or {})
         config.update(connect_timeout=3, read_timeout=5, retries={"max_attempts": 1})
-        options.update(config_kwargs=config, skip_instance_cache=True, retries=1)
+        options.update(config_kwargs=config, skip_instance_cache=True)
     return options
 
 
@@ -110,3 +110,23 @@ def redact(value: Any) -> Any:
 
 def open_url(url: str, storage_options: dict[str, Any] | None = None, mode: str = "rb") -> Any:
     return fsspec.open(url, mode, **(storage_options or {}))
+
+
+def remove_tree(fs: Any, path: str) -> None:
+    """Delete a folder and, on object stores, the empty-folder markers some keep (SeaweedFS)."""
+    if not fs.exists(path):
+        return
+    folders = [
+        p
+        for p, info in fs.find(path, withdirs=True, detail=True).items()
+        if info.get("type") == "directory"
+    ]
+    fs.rm(path, recursive=True)
+    if is_local(fs):
+        return
+    for folder in sorted({*folders, path}, key=lambda p: -p.count("/")):
+        try:
+            fs.rm_file(folder.rstrip("/") + "/")
+        except FileNotFoundError:
+            pass
+    fs.invalidate_cache(path)

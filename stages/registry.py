@@ -32,7 +32,7 @@ def build_stage(spec: dict[str, Any], index: int = 0) -> Stage:
     try:
         return cls(cls.Options.model_validate(options), index=index)
     except ValidationError as err:
-        raise ConfigError(f"{where}.{describe_validation_error(err)}") from None
+        raise ConfigError(describe_validation_error(err, prefix=where)) from None
 
 
 def validate_stage_list(specs: list[dict[str, Any]]) -> None:

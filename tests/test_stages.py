@@ -1,0 +1,202 @@
+"""Stages and pure planning helpers, without Ray or storage."""
+
+import io
+import json
+
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from pipeline.config_io import ConfigError
+from pipeline.shards import TAR_END_BYTES, plan_shards
+from pipeline.sources import empty_batch, sanitize_key
+from pipeline.tario import iter_tar_samples, sample_tar_bytes, split_member_name, write_tar
+from stages.base import DROP, DROP_STAGE
+from stages.registry import build_stage, build_stages
+
+
+def jpeg(size=(300, 200), color=(200, 30, 30), mode="RGB", fmt="JPEG", **save) -> bytes:
+    out = io.BytesIO()
+    Image.new(mode, size, color).save(out, fmt, **save)
+    return out.getvalue()
+
+
+def batch_of(images: list[bytes | None], captions: list[str | None] | None = None) -> dict:
+    batch = empty_batch()
+    for i, data in enumerate(images):
+        batch["__key__"].append(f"k{i:03d}")
+        for col in batch:
+            if col != "__key__":
+                batch[col].append(None)
+        batch["jpg"][-1] = data
+        batch["txt"][-1] = captions[i] if captions else "a caption here"
+    return batch
+
+
+def decoded(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+@pytest.mark.parametrize(
+    "mode,size,expected",
+    [
+        ("keep_ratio", (300, 200), (96, 64)),
+        ("center_crop", (300, 200), (64, 64)),
+        ("none", (300, 200), (300, 200)),
+        ("keep_ratio", (40, 50), (40, 50)),  # never enlarged unless upscale is on
+    ],
+)
+def test_decode_image_resize_modes(mode, size, expected):
+    stage = build_stage({"name": "decode_image", "resize": {"size": 64, "mode": mode}})
+    out = stage(batch_of([jpeg(size)]))
+    assert out[DROP] == [None]
+    assert decoded(out["jpg"][0]).size == expected
+    meta = json.loads(out["json"][0])
+    assert (meta["original_width"], meta["original_height"]) == size
+    assert (meta["width"], meta["height"]) == expected
+
+
+def test_decode_image_upscale_switch():
+    stage = build_stage({"name": "decode_image", "resize": {"size": 64, "upscale": True}})
+    assert decoded(stage(batch_of([jpeg((40, 50))]))["jpg"][0]).size == (64, 80)
+
+
+@pytest.mark.parametrize("fmt,pil", [("jpg", "JPEG"), ("webp", "WEBP"), ("png", "PNG")])
+def test_decode_image_output_format(fmt, pil):
+    stage = build_stage({"name": "decode_image", "format": fmt, "quality": 80})
+    out = stage(batch_of([jpeg()]))
+    assert decoded(out[fmt][0]).format == pil
+    assert out["jpg"][0] is None or fmt == "jpg"
+
+
+@pytest.mark.parametrize(
+    "mode,color", [("RGBA", (10, 20, 30, 128)), ("L", 128), ("CMYK", (0, 255, 255, 0)), ("P", 3)]
+)
+def test_decode_image_converts_to_rgb(mode, color):
+    fmt = "PNG" if mode in ("RGBA", "P") else "JPEG"
+    stage = build_stage({"name": "decode_image", "resize": {"mode": "none"}})
+    out = stage(batch_of([jpeg(mode=mode, color=color, fmt=fmt)]))
+    assert out[DROP] == [None]
+    assert decoded(out["jpg"][0]).mode == "RGB"
+
+
+def test_decode_image_applies_exif_orientation():
+    image = Image.new("RGB", (300, 100), (0, 200, 0))
+    exif = image.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise on display
+    out = io.BytesIO()
+    image.save(out, "JPEG", exif=exif)
+    stage = build_stage({"name": "decode_image", "resize": {"mode": "none"}})
+    assert decoded(stage(batch_of([out.getvalue()]))["jpg"][0]).size == (100, 300)
+
+
+def test_decode_image_drops_broken_and_keeps_order():
+    good = jpeg()
+    broken = [b"", b"<html>not an image</html>", good[:200], b"\x89PNG\r\n\x1a\n" + b"\0" * 20]
+    stage = build_stage({"name": "decode_image"})
+    out = stage(batch_of([good, *broken, None]))
+    assert out[DROP] == [None, *["decode_error"] * len(broken), "no_image"]
+    assert out[DROP_STAGE] == [None, *["decode_image"] * (len(broken) + 1)]
+    assert all(v is None for v in out["jpg"][1:])  # dropped media is not carried on
+
+
+def test_decode_image_pixel_cap():
+    stage = build_stage({"name": "decode_image", "max_pixels": 1000})
+    assert stage(batch_of([jpeg((100, 100))]))[DROP] == ["too_many_pixels"]
+
+
+@pytest.mark.parametrize(
+    "caption,reason",
+    [
+        (None, "missing_caption"),
+        ("   ", "empty_caption"),
+        ("one", "too_few_words"),
+        ("w " * 9, "too_many_words"),
+        ("  two words ", None),
+    ],
+)
+def test_caption_filter_reasons(caption, reason):
+    stage = build_stage({"name": "caption_filter", "min_words": 2, "max_words": 8})
+    out = stage(batch_of([jpeg()], [caption]))
+    assert out[DROP] == [reason]
+    if reason is None:
+        assert out["txt"] == ["two words"]
+
+
+def test_later_stages_skip_dropped_samples():
+    stages = build_stages([{"name": "caption_filter"}, {"name": "decode_image"}])
+    batch = batch_of([b"junk", b"junk"], [None, "caption"])
+    for stage in stages:
+        batch = stage(batch)
+    assert batch[DROP] == ["missing_caption", "decode_error"]
+    assert batch[DROP_STAGE] == ["caption_filter", "decode_image"]
+
+
+def test_exact_dedupe_keeps_smallest_key_per_hash():
+    stage = build_stage({"name": "exact_dedupe"})
+    a, b = jpeg(color=(1, 2, 3)), jpeg(color=(9, 9, 9))
+    batch = batch_of([a, b, a, a])
+    batch["__key__"] = ["zeta", "beta", "alpha", "gamma"]
+    out = stage(batch)
+    signatures = pa.table({"__key__": out["__key__"], "sha256": out["sha256"], DROP: out[DROP]})
+    decided = stage.decide(signatures)
+    assert decided == {"zeta": ("duplicate_exact", "alpha"), "gamma": ("duplicate_exact", "alpha")}
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ({"name": "nope"}, "stages.0.name: unknown stage 'nope'"),
+        ({"name": "decode_image", "colour": 1}, "stages.0.colour: unknown key"),
+        ({"name": "decode_image", "resize": {"mode": "fit"}}, "stages.0.resize.mode:"),
+        ({"name": "decode_image", "quality": 0}, "stages.0.quality:"),
+        ({"name": "caption_filter", "min_words": 5, "max_words": 2}, "stages.0:"),
+    ],
+)
+def test_stage_config_errors_name_the_key(spec, message):
+    with pytest.raises(ConfigError) as err:
+        build_stage(spec)
+    assert str(err.value).startswith(message)
+    assert "\n" not in str(err.value)
+
+
+def test_plan_shards_respects_both_limits_and_order():
+    sizes = [100, 5000, 100, 100, 100, 100, 100, 100, 100, 100]
+    ranges = plan_shards(sizes, max_samples=4, max_bytes=2000)
+    assert ranges[0] == (0, 1)  # 100 then 5000 would overflow
+    assert ranges[1] == (1, 2)  # an oversized sample gets a shard to itself
+    flat = [i for start, end in ranges for i in range(start, end)]
+    assert flat == list(range(len(sizes)))
+    for start, end in ranges:
+        assert end - start <= 4
+        assert end - start == 1 or sum(sizes[start:end]) + TAR_END_BYTES <= 2000
+
+
+def test_plan_shards_exhaustive_small_cases():
+    for max_samples in range(1, 5):
+        for n in range(0, 9):
+            ranges = plan_shards([700] * n, max_samples, max_bytes=10_000)
+            assert [e - s for s, e in ranges][:-1] == [max_samples] * (len(ranges) - 1)
+            assert sum(e - s for s, e in ranges) == n
+
+
+def test_tar_roundtrip_and_size_estimate(tmp_path):
+    samples = [
+        {"__key__": f"s{i}", "jpg": jpeg(), "txt": "ünïcode", "json": "{}"} for i in range(3)
+    ]
+    path = tmp_path / "x.tar"
+    with open(path, "wb") as out:
+        assert write_tar(samples, out) == 3
+    assert path.stat().st_size <= sum(map(sample_tar_bytes, samples)) + 10240
+    with open(path, "rb") as src:
+        back = list(iter_tar_samples(src))
+    assert [s["__key__"] for s in back] == ["s0", "s1", "s2"]
+    assert back[0]["txt"].decode() == "ünïcode" and back[0]["jpg"] == samples[0]["jpg"]
+
+
+def test_member_names_and_keys():
+    assert split_member_name("a/b/abc.seg.jpg") == ("a/b/abc", "seg.jpg")
+    assert split_member_name("00001.JPG") == ("00001", "jpg")
+    assert sanitize_key("dir/photo.v2 final") == "dir_photo_v2_final"
