@@ -38,7 +38,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Our own progress lines at INFO; libraries (open_clip logs to the root logger) at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    for name in ("mmcurate", "trainer"):
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         if args.command == "build":
             return build_command(args)

@@ -77,6 +77,11 @@ def train_overrides(root: Path, s3: LocalS3, steps: int) -> list[str]:
 
 def show_build(s3: LocalS3, output: str) -> None:
     fs = s3.filesystem()
+    manifest = json.loads(fs.cat(f"{output.removeprefix('s3://')}/manifest.json"))
+    print(
+        f"\nmanifest.json: format {manifest['format']}, {manifest['samples']} samples in "
+        f"{len(manifest['shards'])} shards; first shard sha256 {manifest['shards'][0]['sha256']}"
+    )
     listing = sorted(fs.ls(output.removeprefix("s3://"), detail=True), key=lambda e: e["name"])
     print(f"\nbuild output {output}:")
     for entry in listing:

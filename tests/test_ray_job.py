@@ -1,0 +1,125 @@
+"""`ray job submit --working-dir .` against a local head with Ray's token auth on."""
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_dashboard(url: str, token: str, head: subprocess.Popen, timeout_s=120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"ray head exited with {head.returncode}")
+        try:
+            request = urllib.request.Request(
+                f"{url}/api/version", headers={"Authorization": f"Bearer {token}"}
+            )
+            with urllib.request.urlopen(request, timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError("ray dashboard did not come up")
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    """A `ray start --head --block` child with token auth; stopped by its pid."""
+    token = secrets.token_hex(32)
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    }
+    env.pop("RAY_ADDRESS", None)
+    temp_dir = tempfile.mkdtemp(prefix="rayjob-", dir="/tmp")  # short: unix socket paths
+    dash = free_port()
+    cmd = [
+        str(BIN / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--num-cpus=2",
+        f"--port={free_port()}",
+        "--node-ip-address=127.0.0.1",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={free_port()}",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+    ]
+    log = open(tmp_path / "head.log", "wb")
+    head = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{dash}"
+    try:
+        wait_for_dashboard(url, token, head)
+        yield url, env
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # the head's own process group, by its pid
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def submit(url, env, *args):
+    cmd = [str(BIN / "ray"), "job", "submit", f"--address={url}", "--working-dir", ".", "--", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_ray_job_submit_with_token_auth(ray_head, image_folder, tmp_path):
+    url, env = ray_head
+    images = image_folder(n=30, exact_copies=2, broken=1)
+    out = tmp_path / "job-out"
+    result = submit(
+        url,
+        env,
+        "python",
+        "-m",
+        "pipeline",
+        "build",
+        "configs/demo.yaml",
+        f"--set=source.path={images}",
+        f"--set=output.path={out}",
+        "--no-progress",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    stats = json.loads((out / "stats.json").read_text())
+    dropped = {s["name"]: s["dropped"] for s in stats["stages"]}
+    assert dropped["decode_image"] == {"decode_error": 1}
+    assert dropped["exact_dedupe"] == {"duplicate_exact": 2}
+    assert (
+        manifest["samples"] == stats["samples_out"] == 30 - sum(dropped["caption_filter"].values())
+    )
+
+    wrong_token = {**env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    refused = submit(url, wrong_token, "python", "-c", "print('should not run')")
+    assert refused.returncode != 0  # the head checks the token, not just the client
+    assert "should not run" not in refused.stdout

@@ -1,0 +1,51 @@
+"""`python -m trainer CONFIG.yaml [--set key.path=value ...]` (also `mmcurate train`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from pipeline.config_io import ConfigError
+from trainer.config import load_train_config
+from trainer.manifest import ManifestError, read_manifest
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="mmcurate train", description="Train CLIP on shards.")
+    parser.add_argument("config", help="train config YAML (see configs/train_clip.yaml)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value (repeatable), e.g. --set run.max_steps=100",
+    )
+    return parser.parse_args(argv)
+
+
+def one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run training; 0 on success, 2 on a bad config or an unreadable manifest."""
+    try:
+        args = parse_args(argv)
+    except SystemExit as stop:  # argparse already printed its usage line
+        return stop.code if isinstance(stop.code, int) else 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        cfg = load_train_config(args.config, args.overrides)
+        # Why here: fail fast on storage before importing torch and building the model.
+        read_manifest(cfg.data.manifest, cfg.storage_options)
+        from trainer.train import train
+
+        summary = train(cfg)
+    except (ConfigError, ManifestError) as err:
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0

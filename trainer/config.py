@@ -1,0 +1,121 @@
+"""Typed training config: `mmcurate train CONFIG.yaml [--set key.path=value ...]`.
+
+Every section forbids unknown keys, so a typo fails fast with `section.key: unknown key`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pipeline.config_io import load_yaml, validate
+
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_SECRET_KEY = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """`"10GB"` -> 10_000_000_000; decimal (KB, MB, ...) and binary (KiB, MiB, ...) units."""
+    match = _SIZE_RE.match(text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise ValueError(f"not a size like '10GB' or '512MiB': {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(_Section):
+    manifest: str  # a build's manifest.json: local path or any fsspec URL (s3://...)
+    cache_dir: str | None = None  # local (NVMe) shard cache folder; not used yet
+    cache_limit: str | None = None  # cache size cap such as "10GB"; not used yet
+    batch_size: int = Field(32, gt=0)
+    workers: int = Field(2, ge=0)
+    seed: int = 0
+
+    @field_validator("cache_limit")
+    @classmethod
+    def _check_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value)
+        return value
+
+    @property
+    def cache_limit_bytes(self) -> int | None:
+        return None if self.cache_limit is None else parse_size(self.cache_limit)
+
+
+class ModelConfig(_Section):
+    name: str = "mmcurate-tiny"  # an open_clip architecture name
+    pretrained: str | None = None  # open_clip pretrained tag or a local checkpoint path
+
+
+class OptimConfig(_Section):
+    lr: float = Field(5e-4, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+
+
+class RunConfig(_Section):
+    output: str  # local run folder: metrics.jsonl, checkpoints/
+    max_steps: int | None = Field(None, gt=0)  # when set, wins over epochs (data repeats)
+    epochs: int = Field(1, gt=0)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast on CUDA only
+    log_every: int = Field(10, gt=0)
+    checkpoint_every: int | None = Field(None, gt=0)
+    resume: bool = False  # continue from the newest checkpoint in output, if any
+
+    @field_validator("output")
+    @classmethod
+    def _local_only(cls, value: str) -> str:
+        # Why: checkpoints use os.replace for atomicity; object-store output comes later.
+        if "://" in value and not value.startswith("file://"):
+            raise ValueError("only local paths are supported for now")
+        return value.removeprefix("file://")
+
+
+class TrainConfig(_Section):
+    data: DataConfig
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    run: RunConfig
+    storage_options: dict[str, Any] = {}  # fsspec options for the manifest and shards
+
+    def redacted(self) -> dict[str, Any]:
+        """The resolved config as plain data, secrets in storage_options replaced by '***'."""
+        tree = self.model_dump(mode="json")
+        tree["storage_options"] = _redact(tree["storage_options"])
+        return tree
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: "***" if _SECRET_KEY.search(str(k)) and not isinstance(v, dict) else _redact(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    return value
+
+
+def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Read YAML, apply `--set` overrides, validate; raises ConfigError with one line."""
+    return validate(TrainConfig, load_yaml(path, overrides))
