@@ -157,6 +157,8 @@ def phase_b(signatures: pa.Table, stages: list[Stage]) -> pa.Table:
     signatures = signatures.sort_by([("__part__", "ascending"), ("__index__", "ascending")])
     drops = signatures[DROP].to_pylist()
     drop_stages = signatures[DROP_STAGE].to_pylist()
+    drop_repeated_keys(signatures["__key__"].to_pylist(), drops, drop_stages)
+    signatures = with_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
     duplicate_of: list[str | None] = [None] * signatures.num_rows
     keys = signatures["__key__"].to_pylist()
     for stage in (s for s in stages if s.is_global):
@@ -167,6 +169,16 @@ def phase_b(signatures: pa.Table, stages: list[Stage]) -> pa.Table:
                 drop_stages[i] = stage.name
         signatures = with_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
     return with_columns(signatures, {"duplicate_of": duplicate_of})
+
+
+def drop_repeated_keys(keys: list[str], drops: list, drop_stages: list) -> None:
+    """Keys must be unique in the output: the first live sample (in input order) keeps it."""
+    seen: set[str] = set()
+    for i, key in enumerate(keys):
+        if drops[i] is None:
+            if key in seen:
+                drops[i], drop_stages[i] = "duplicate_key", "source"
+            seen.add(key)
 
 
 def with_columns(table: pa.Table, columns: dict[str, list]) -> pa.Table:

@@ -52,16 +52,24 @@ def shard_specs(kept: list[dict[str, Any]], max_samples: int, max_bytes: int) ->
             {
                 "name": shard_name(index),
                 "keys": [row["__key__"] for row in rows],
-                "parts": sorted({row["__part__"] for row in rows}),
+                "parts": parts_and_keys(rows),
             }
         )
     return specs
 
 
+def parts_and_keys(rows: list[dict[str, Any]]) -> list[tuple[int, list[str]]]:
+    """[(partition, its keys in this shard)] in order: a key is read from its own partition."""
+    grouped: dict[int, list[str]] = {}
+    for row in rows:
+        grouped.setdefault(row["__part__"], []).append(row["__key__"])
+    return sorted(grouped.items())
+
+
 def iter_wanted(candidates_url: str, spec: dict, storage_options: dict) -> Iterator[dict]:
     """Stream the spec's samples out of candidate tars, in output order."""
-    wanted = set(spec["keys"])
-    for part in spec["parts"]:
+    for part, keys in spec["parts"]:
+        wanted = set(keys)
         fs, path = filesystem(join(candidates_url, candidate_name(part)), storage_options)
         with fs.open(path, "rb") as fileobj:
             for sample in iter_tar_samples(fileobj):

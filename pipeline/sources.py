@@ -147,11 +147,15 @@ def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Ba
     """Stream one tar; a corrupt tar keeps the samples before the damage and counts one error."""
     fs, path = filesystem(full_url(part, part["tar"]), storage_options)
     batch = empty_batch()
-    index = 0
+    seen: set[str] = set()
     try:
         with fs.open(path, "rb") as fileobj:
-            for index, raw in enumerate(iter_tar_samples(fileobj)):  # noqa: B007
-                append_sample(batch, tar_sample(raw, part, index))
+            for index, raw in enumerate(iter_tar_samples(fileobj)):
+                sample = tar_sample(raw, part, index)
+                if sample["__key__"] in seen:  # members of one key not adjacent, or repeated
+                    sample.update({DROP: "duplicate_key", DROP_STAGE: SOURCE})
+                seen.add(sample["__key__"])
+                append_sample(batch, sample)
     except Exception as err:  # tarfile/IO raise several types; the shard is damaged either way
         stem = sanitize_key(path.rpartition("/")[2])
         append_sample(

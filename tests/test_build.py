@@ -138,3 +138,36 @@ def test_rerun_is_identical_and_needs_overwrite(ray_session, image_folder, tmp_p
     second = run_build(config(folder, out, shard_max_samples=16, overwrite=True), progress=False)
     assert first["shards"] == second["shards"]  # same names, counts, bytes and sha256
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s["name"] for s in first["shards"]]
+
+
+def test_webdataset_from_s3_keeps_keys_unique(ray_session, s3, s3_bucket, tar_shards, tmp_path):
+    source = tar_shards(n_shards=2, per_shard=6, seed=5)
+    fs = s3.filesystem()
+    for copy in ("a", "b"):  # the same shards twice: every key appears in two partitions
+        for tar_path in sorted(source.glob("*.tar")):
+            fs.put_file(str(tar_path), f"{s3_bucket}/in/{copy}/{tar_path.name}")
+    cfg = BuildConfig.model_validate(
+        {
+            "source": {"kind": "webdataset", "path": f"s3://{s3_bucket}/in/*/*.tar"},
+            "stages": [{"name": "decode_image", "resize": {"size": 32}}],
+            "output": {"path": str(tmp_path / "out")},
+            "storage_options": s3.storage_options,
+        }
+    )
+    manifest = run_build(cfg, progress=False)
+    assert manifest["samples"] == 12
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["stages"][0] == {
+        "name": "source",
+        "in": 24,
+        "out": 12,
+        "dropped": {"duplicate_key": 12},
+        "seconds": 0.0,
+    }
+    keys = [
+        s["__key__"]
+        for s in wds.WebDataset(
+            sorted(glob.glob(str(tmp_path / "out" / "shard-*.tar"))), shardshuffle=False
+        )
+    ]
+    assert len(keys) == len(set(keys)) == 12
