@@ -87,9 +87,17 @@ def ray_head(tmp_path):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def submit(url, env, *args):
-    cmd = [str(BIN / "ray"), "job", "submit", f"--address={url}", "--working-dir", ".", "--", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+def submit(url, env, *args, attempts=30):
+    """`ray job submit`; the head's job agent registers a little after the dashboard answers."""
+    cmd = [str(BIN / "ray"), "job", "submit", f"--address={url}", "--working-dir", ".", "--"]
+    for _ in range(attempts):
+        result = subprocess.run(
+            [*cmd, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        )
+        if "No available agent" not in result.stderr + result.stdout:
+            return result
+        time.sleep(2)
+    return result
 
 
 @pytest.mark.slow
