@@ -21,35 +21,12 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
-import numpy as np
+from photos import make_photos
 from PIL import Image
 
-from pipeline.demo_data import SUBJECTS, source_photo
 from stages.decode_image import DecodeImageOptions, encode, target_size, transform
 
 OPTS = DecodeImageOptions.model_validate({"resize": {"size": 256, "mode": "keep_ratio"}})
-
-
-def make_inputs(folder: Path, n: int, seed: int = 0) -> int:
-    """n distinct JPEGs of 400-900 px (long side) from the scikit-image photos, with captions."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    names = list(SUBJECTS)
-    total = 0
-    for i in range(n):
-        photo = source_photo(names[i % len(names)]).convert("RGB")
-        w, h = photo.size
-        cw, ch = int(w * rng.uniform(0.6, 1.0)), int(h * rng.uniform(0.6, 1.0))
-        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-        image = photo.crop((x, y, x + cw, y + ch))
-        scale = rng.uniform(400, 900) / max(image.size)
-        image = image.resize((round(image.width * scale), round(image.height * scale)))
-        out = io.BytesIO()
-        image.save(out, "JPEG", quality=int(rng.integers(85, 96)))
-        (folder / f"img{i:06d}.jpg").write_bytes(out.getvalue())
-        (folder / f"img{i:06d}.txt").write_text(f"a photo of {SUBJECTS[names[i % len(names)]]}")
-        total += len(out.getvalue())
-    return total
 
 
 def reference_chunk(args: tuple[list[str], str]) -> int:
@@ -108,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(args.out)
     shutil.rmtree(root, ignore_errors=True)
-    input_bytes = make_inputs(root / "in", args.n)
+    input_bytes = make_photos(root / "in", args.n)
     ref_s = run_reference(root / "in", root / "ref", os.cpu_count() or 1)
     mm_s, manifest = run_mmcurate(root / "in", root / "mm")
     assert manifest["samples"] == args.n

@@ -14,7 +14,9 @@ import json
 import logging
 import tempfile
 import time
-from functools import partial
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache, partial
 from typing import Any
 
 import pyarrow as pa
@@ -85,7 +87,7 @@ def preflight(cfg: BuildConfig) -> list[dict[str, Any]]:
 def clear_output(fs: Any, out: str) -> None:
     """Remove a previous build, manifest first so no reader sees a half-deleted one."""
     fs.rm(join(out, "manifest.json"))
-    for path in fs.glob(join(out, "shard-*.tar")):
+    for path in fs.glob(join(out, "shard-*.tar")) + fs.glob(join(out, "shard-*.parquet")):
         fs.rm(path)
     for folder in ("signatures", WORK_DIR):
         remove_tree(fs, join(out, folder))
@@ -103,16 +105,21 @@ def phase_a(cfg: BuildConfig, parts: list[dict], work_url: str) -> pa.Table:
 def process_parts(items: list[str], cfg_json: str, work_url: str) -> pa.Table:
     """Ray task body: process each partition given as JSON; return signature rows."""
     cfg = BuildConfig.model_validate_json(cfg_json)
-    stages = stage_order(build_stages(cfg.stages))
+    stages = stages_for(cfg_json)
     tables = [process_partition(json.loads(item), cfg, stages, work_url) for item in items]
     return pa.concat_tables(tables, promote_options="permissive")
 
 
+@lru_cache(maxsize=4)
+def stages_for(cfg_json: str) -> list[Stage]:
+    """Stages in execution order, built once per worker process (setup is paid once)."""
+    return stage_order(build_stages(BuildConfig.model_validate_json(cfg_json).stages))
+
+
 def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_url: str) -> pa.Table:
     rows: list[dict[str, Any]] = []
-    for chunk in iter_chunks(read_partition(part, cfg.storage_options), cfg.ray.batch_size):
-        for stage in stages:
-            chunk = stage(chunk)
+    chunks = iter_chunks(read_partition(part, cfg.storage_options), cfg.ray.batch_size)
+    for chunk in run_chain(chunks, stages):
         rows.extend(
             dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)
         )
@@ -121,6 +128,32 @@ def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_ur
         row["__bytes__"] = sample_tar_bytes(row)
     write_candidate(live, join(work_url, "candidates", candidate_name(part["part"])), cfg)
     return signature_table(rows)
+
+
+def apply(chunk: dict, stages: list[Stage]) -> dict:
+    for stage in stages:
+        chunk = stage(chunk)
+    return chunk
+
+
+def run_chain(chunks: Iterator[dict], stages: list[Stage]) -> Iterator[dict]:
+    """Run the stages over chunks; leading I/O-bound stages (download) work one chunk ahead
+    in a thread, so the network wait overlaps the CPU work on the previous chunk."""
+    lead = 0
+    while lead < len(stages) and stages[lead].io_bound:
+        lead += 1
+    if lead == 0:
+        yield from (apply(chunk, stages) for chunk in chunks)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="io-ahead") as ahead:
+        pending = None
+        for chunk in chunks:
+            submitted = ahead.submit(apply, chunk, stages[:lead])
+            if pending is not None:
+                yield apply(pending.result(), stages[lead:])
+            pending = submitted
+        if pending is not None:
+            yield apply(pending.result(), stages[lead:])
 
 
 def write_candidate(samples: list[dict], url: str, cfg: BuildConfig) -> None:
@@ -142,6 +175,7 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         DROP_STAGE: pa.string(),
         "__bytes__": pa.int64(),
         "sha256": pa.string(),
+        "url": pa.string(),
     }
     columns = [c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE]
     columns += [c for c in ("__bytes__",) if c not in columns]

@@ -8,10 +8,14 @@ of its own). Names are `shard-000000.tar`, ..., so the same input gives the same
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.storage import filesystem, join, put_file_atomic
 from pipeline.tario import iter_tar_samples, write_tar
@@ -81,15 +85,52 @@ def write_shard(spec: dict, candidates_url: str, output_url: str, storage_option
     """Write one final shard atomically; returns its manifest entry."""
     with tempfile.TemporaryDirectory(prefix="mmcurate-shard-") as tmp:
         local = os.path.join(tmp, spec["name"])
+        metadata: list[dict[str, Any]] = []
+        samples = collect_metadata(iter_wanted(candidates_url, spec, storage_options), metadata)
         with open(local, "wb") as out:
-            count = write_tar(iter_wanted(candidates_url, spec, storage_options), out)
+            count = write_tar(samples, out)
         if count != len(spec["keys"]):
             raise RuntimeError(f"{spec['name']}: expected {len(spec['keys'])} samples, got {count}")
         digest = file_sha256(local)
         size = os.path.getsize(local)
         fs, path = filesystem(join(output_url, spec["name"]), storage_options)
         put_file_atomic(fs, local, path)
+        write_metadata_parquet(fs, path.removesuffix(".tar") + ".parquet", metadata, tmp)
     return {"name": spec["name"], "samples": count, "bytes": size, "sha256": digest}
+
+
+def collect_metadata(samples: Iterator[dict], into: list[dict[str, Any]]) -> Iterator[dict]:
+    """Pass samples through, recording key, caption and JSON fields of each (img2dataset's
+    per-shard parquet)."""
+    for sample in samples:
+        meta = json.loads(sample["json"]) if sample.get("json") else {}
+        caption = sample.get("txt")
+        row = {
+            "key": sample["__key__"],
+            "caption": caption.decode("utf-8") if isinstance(caption, bytes) else caption,
+        }
+        row.update({k: v for k, v in meta.items() if k not in row})
+        into.append(row)
+        yield sample
+
+
+def write_metadata_parquet(fs: Any, path: str, rows: list[dict[str, Any]], tmp: str) -> None:
+    """Scalar JSON values keep their type; lists, dicts and mixed columns become JSON text."""
+    names = sorted({name for row in rows for name in row}, key=lambda n: (n != "key", n))
+    columns = {}
+    for name in names:
+        values = [row.get(name) for row in rows]
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            columns[name] = pa.array([None if v is None else json.dumps(v) for v in values])
+        if pa.types.is_nested(columns[name].type):
+            columns[name] = pa.array([None if v is None else json.dumps(v) for v in values])
+    local = os.path.join(tmp, "meta.parquet")
+    pq.write_table(
+        pa.table(columns) if names else pa.table({"key": pa.array([], pa.string())}), local
+    )
+    put_file_atomic(fs, local, path)
 
 
 def file_sha256(path: str) -> str:

@@ -8,43 +8,18 @@ A partition is a small JSON-able dict. Reading it yields a batch (dict of column
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
 from pipeline.config import SourceConfig
 from pipeline.config_io import ConfigError
+from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
+from pipeline.source_urls import plan_urls, read_urls
 from pipeline.storage import filesystem
 from pipeline.tario import EXT_ALIASES, iter_tar_samples
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Batch
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
-BASE_COLUMNS = ("__key__", "__part__", "__index__", "__source__", "txt", "json", DROP, DROP_STAGE)
-SOURCE = "source"  # the __drop_stage__ of samples rejected while reading
-
-
-def empty_batch() -> Batch:
-    return {col: [] for col in (*BASE_COLUMNS, *IMAGE_COLUMNS)}
-
-
-def append_sample(batch: Batch, sample: dict[str, Any]) -> None:
-    for col, values in batch.items():
-        values.append(sample.get(col))
-
-
-def sanitize_key(text: str) -> str:
-    """Keys may not contain dots (WebDataset splits on them) or path separators."""
-    return re.sub(r"[^A-Za-z0-9_\-]", "_", text)
-
-
-def decode_caption(data: bytes | None) -> tuple[str | None, str | None]:
-    """(caption, drop reason): captions must be UTF-8."""
-    if data is None:
-        return None, None
-    try:
-        return data.decode("utf-8"), None
-    except UnicodeDecodeError:
-        return None, "caption_not_utf8"
 
 
 # ---- images: a folder of image files with sidecar .txt captions -------------------------
@@ -191,8 +166,8 @@ def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[st
     return sample
 
 
-PLANNERS = {"images": plan_images, "webdataset": plan_webdataset}
-READERS = {"images": read_images, "webdataset": read_webdataset}
+PLANNERS = {"images": plan_images, "webdataset": plan_webdataset, "urls": plan_urls}
+READERS = {"images": read_images, "webdataset": read_webdataset, "urls": read_urls}
 
 
 def plan_source(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:

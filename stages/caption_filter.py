@@ -10,6 +10,7 @@ from stages.base import Batch, Stage, StageOptions, register
 class CaptionFilterOptions(StageOptions):
     min_words: int = Field(1, ge=0, description="Fewer words than this: `too_few_words`.")
     max_words: int | None = Field(None, gt=0, description="More words: `too_many_words`.")
+    max_chars: int | None = Field(None, gt=0, description="Longer captions: `too_long`.")
     strip: bool = Field(True, description="Strip surrounding whitespace from kept captions.")
 
     @model_validator(mode="after")
@@ -22,6 +23,8 @@ class CaptionFilterOptions(StageOptions):
 def caption_reason(caption: str | None, opts: CaptionFilterOptions) -> str | None:
     if caption is None:
         return "missing_caption"
+    if opts.max_chars is not None and len(caption) > opts.max_chars:
+        return "too_long"
     words = caption.split()
     if not words:
         return "empty_caption"

@@ -6,6 +6,7 @@ import io
 import json
 from typing import Literal
 
+import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import Field
 
@@ -29,6 +30,26 @@ class DecodeImageOptions(StageOptions):
     max_pixels: int = Field(
         100_000_000, gt=0, description="Drop larger images (decompression-bomb guard)."
     )
+    min_side: int | None = Field(None, gt=0, description="Shorter side below this: too_small.")
+    max_side: int | None = Field(None, gt=0, description="Longer side above this: too_big.")
+    max_aspect_ratio: float | None = Field(
+        None, ge=1, description="Longer / shorter side above this: bad_aspect_ratio."
+    )
+
+
+def size_problem(width: int, height: int, opts: DecodeImageOptions) -> str | None:
+    """The drop reason for an image of this (original) size, if any."""
+    if width * height > opts.max_pixels:
+        return "too_many_pixels"
+    if opts.min_side is not None and min(width, height) < opts.min_side:
+        return "too_small"
+    if opts.max_side is not None and max(width, height) > opts.max_side:
+        return "too_big"
+    if opts.max_aspect_ratio is not None and max(width, height) > opts.max_aspect_ratio * max(
+        min(width, height), 1
+    ):
+        return "bad_aspect_ratio"
+    return None
 
 
 def target_size(width: int, height: int, resize: ResizeOptions) -> tuple[int, int]:
@@ -46,15 +67,23 @@ def center_crop_box(width: int, height: int, side: int) -> tuple[int, int, int, 
     return left, top, left + side, top + side
 
 
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any mode to 8-bit RGB: 16/32-bit grey is scaled (not clipped); alpha is dropped."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+        pixels = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if pixels.max(initial=0) > 255 else 255.0
+        grey = np.clip(pixels * (255.0 / top), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey).convert("RGB")
+    if "A" in image.getbands() or image.mode == "P":
+        image = image.convert("RGBA")
+    return image.convert("RGB")
+
+
 def transform(image: Image.Image, resize: ResizeOptions) -> Image.Image:
     """EXIF transpose, RGB, resize and optional centre crop."""
-    image = ImageOps.exif_transpose(image)
-    if image.mode != "RGB":
-        image = (
-            image.convert("RGBA").convert("RGB")
-            if "A" in image.getbands()
-            else image.convert("RGB")
-        )
+    image = to_rgb(ImageOps.exif_transpose(image))
     new_size = target_size(image.width, image.height, resize)
     if new_size != image.size:
         image = image.resize(new_size, Image.Resampling.BICUBIC, reducing_gap=3.0)
@@ -85,8 +114,9 @@ class DecodeImage(Stage):
         try:
             image = Image.open(io.BytesIO(data))
             meta = {"original_width": image.width, "original_height": image.height}
-            if image.width * image.height > opts.max_pixels:
-                return None, meta, "too_many_pixels"
+            problem = size_problem(image.width, image.height, opts)
+            if problem:
+                return None, meta, problem
             if image.format == "JPEG" and opts.resize.mode != "none":
                 # Let libjpeg scale by 1/2..1/8 while decoding; stays >= the target size.
                 image.draft("RGB", target_size(image.width, image.height, opts.resize))

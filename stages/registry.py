@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 import stages.caption_filter  # noqa: F401  (registers)
 import stages.decode_image  # noqa: F401
+import stages.download  # noqa: F401
 import stages.exact_dedupe  # noqa: F401
 from pipeline.config_io import ConfigError, describe_validation_error
 from stages.base import _REGISTRY, Stage

@@ -65,6 +65,11 @@ def ray_head(tmp_path):
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dash}",
         f"--ray-client-server-port={free_port()}",
+        # Fixed defaults (52365, ...) are taken by the session Ray of other tests.
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
         f"--temp-dir={temp_dir}",
         "--disable-usage-stats",
     ]
@@ -101,7 +106,8 @@ def submit(url, env, *args, attempts=30):
 
 
 @pytest.mark.slow
-def test_ray_job_submit_with_token_auth(ray_head, image_folder, tmp_path):
+def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp_path):
+    """With the session Ray of the other tests running too, as in CI."""
     url, env = ray_head
     images = image_folder(n=30, exact_copies=2, broken=1)
     out = tmp_path / "job-out"
