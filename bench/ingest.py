@@ -196,6 +196,7 @@ def main() -> None:
     args = parser.parse_args()
     exe = ensure_img2dataset()
     root = Path(tempfile.mkdtemp(prefix="mmcurate-ingest-"))
+    root.chmod(0o755)  # nginx workers run unprivileged and must read the photos
     make_photos(root / "photos", args.n, captions=False)
     nginx, port = start_nginx(root / "nginx", root / "photos")
     try:

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pipeline.config import BuildConfig
 from pipeline.config_io import ConfigError
 from pipeline.raysession import connect, run_tasks
-from pipeline.shards import candidate_name, shard_specs, write_shard
+from pipeline.shards import candidate_name, metadata_name, shard_specs, write_shard
 from pipeline.sources import iter_chunks, plan_source, read_partition
 from pipeline.stats import build_stats, stage_order, stage_seconds
 from pipeline.storage import (
@@ -38,7 +38,7 @@ from pipeline.storage import (
     remove_tree,
     write_bytes_atomic,
 )
-from pipeline.tario import sample_tar_bytes, write_tar
+from pipeline.tario import write_tar
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Stage
 from stages.registry import build_stages
 
@@ -124,9 +124,11 @@ def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_ur
             dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)
         )
     live = [row for row in rows if row[DROP] is None]
-    for row in live:
-        row["__bytes__"] = sample_tar_bytes(row)
-    write_candidate(live, join(work_url, "candidates", candidate_name(part["part"])), cfg)
+    folder = join(work_url, "candidates")
+    spans = write_candidate(live, join(folder, candidate_name(part["part"])), cfg)
+    for row, (offset, length) in zip(live, spans, strict=True):
+        row["__offset__"], row["__bytes__"] = offset, length
+    write_candidate_metadata(live, join(folder, metadata_name(part["part"])), cfg)
     return signature_table(rows)
 
 
@@ -156,12 +158,28 @@ def run_chain(chunks: Iterator[dict], stages: list[Stage]) -> Iterator[dict]:
             yield apply(pending.result(), stages[lead:])
 
 
-def write_candidate(samples: list[dict], url: str, cfg: BuildConfig) -> None:
+def write_candidate(samples: list[dict], url: str, cfg: BuildConfig) -> list[tuple[int, int]]:
+    """The partition's live samples as one tar; returns each sample's byte span in it."""
     fs, path = filesystem(url, cfg.storage_options)
     with tempfile.NamedTemporaryFile(prefix="mmcurate-cand-", suffix=".tar") as tmp:
-        write_tar(samples, tmp)
+        spans = write_tar(samples, tmp)
         tmp.flush()
         put_file_atomic(fs, tmp.name, path)
+    return spans
+
+
+def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) -> None:
+    """Key, caption and JSON of the live samples, for the per-shard metadata parquet."""
+    table = pa.table(
+        {
+            col: pa.array([s.get(col) for s in samples], pa.string())
+            for col in ("__key__", "txt", "json")
+        }
+    )
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    fs, path = filesystem(url, cfg.storage_options)
+    write_bytes_atomic(fs, path, buffer.getvalue())
 
 
 def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -174,11 +192,12 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         DROP: pa.string(),
         DROP_STAGE: pa.string(),
         "__bytes__": pa.int64(),
+        "__offset__": pa.int64(),
         "sha256": pa.string(),
         "url": pa.string(),
     }
     columns = [c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE]
-    columns += [c for c in ("__bytes__",) if c not in columns]
+    columns += [c for c in ("__bytes__", "__offset__") if c not in columns]
     arrays = {c: pa.array([r.get(c) for r in rows], type=types.get(c)) for c in columns}
     return pa.table(arrays)
 
@@ -233,12 +252,14 @@ def phase_c(
 ) -> tuple[list[dict], dict[str, str]]:
     """Write the final shards; returns manifest entries and each kept key's shard."""
     kept = signatures.filter(pc.is_null(signatures[DROP]))
-    rows = kept.select(["__key__", "__part__", "__bytes__"]).to_pylist()
+    rows = kept.select(["__key__", "__part__", "__offset__", "__bytes__"]).to_pylist()
     specs = shard_specs(rows, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
     task = partial(write_shards, work_url=work_url, cfg_json=cfg.model_dump_json())
     results = run_tasks([json.dumps(s) for s in specs], task)
     entries = [json.loads(e) for table in results for e in table["entry"].to_pylist()]
-    shard_of = {key: spec["name"] for spec in specs for key in spec["keys"]}
+    shard_of = {
+        key: spec["name"] for spec in specs for _, spans in spec["parts"] for key, _, _ in spans
+    }
     return sorted(entries, key=lambda e: e["name"]), shard_of
 
 

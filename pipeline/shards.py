@@ -11,14 +11,12 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.storage import filesystem, join, put_file_atomic
-from pipeline.tario import iter_tar_samples, write_tar
 
 TAR_END_BYTES = 1024  # two zero blocks close a tar
 
@@ -29,6 +27,10 @@ def shard_name(index: int) -> str:
 
 def candidate_name(part: int) -> str:
     return f"part-{part:06d}.tar"
+
+
+def metadata_name(part: int) -> str:
+    return f"part-{part:06d}.parquet"
 
 
 def plan_shards(sizes: list[int], max_samples: int, max_bytes: int) -> list[tuple[int, int]]:
@@ -47,71 +49,74 @@ def plan_shards(sizes: list[int], max_samples: int, max_bytes: int) -> list[tupl
 
 
 def shard_specs(kept: list[dict[str, Any]], max_samples: int, max_bytes: int) -> list[dict]:
-    """kept rows (`__key__`, `__part__`, `__bytes__`, in output order) -> one spec per shard."""
+    """kept rows (`__key__`, `__part__`, `__offset__`, `__bytes__`, in output order) -> one spec
+    per shard: its name and, per candidate partition, the (key, offset, length) to copy."""
     ranges = plan_shards([row["__bytes__"] for row in kept], max_samples, max_bytes)
     specs = []
     for index, (start, end) in enumerate(ranges):
-        rows = kept[start:end]
+        grouped: dict[int, list[tuple[str, int, int]]] = {}
+        for row in kept[start:end]:
+            span = (row["__key__"], row["__offset__"], row["__bytes__"])
+            grouped.setdefault(row["__part__"], []).append(span)
         specs.append(
-            {
-                "name": shard_name(index),
-                "keys": [row["__key__"] for row in rows],
-                "parts": parts_and_keys(rows),
-            }
+            {"name": shard_name(index), "samples": end - start, "parts": sorted(grouped.items())}
         )
     return specs
 
 
-def parts_and_keys(rows: list[dict[str, Any]]) -> list[tuple[int, list[str]]]:
-    """[(partition, its keys in this shard)] in order: a key is read from its own partition."""
-    grouped: dict[int, list[str]] = {}
-    for row in rows:
-        grouped.setdefault(row["__part__"], []).append(row["__key__"])
-    return sorted(grouped.items())
+def merged_runs(spans: list[tuple[str, int, int]]) -> list[tuple[int, int]]:
+    """Adjacent (offset, length) spans joined into (start, end) byte runs: fewer reads."""
+    runs: list[list[int]] = []
+    for _, offset, length in spans:
+        if runs and runs[-1][1] == offset:
+            runs[-1][1] = offset + length
+        else:
+            runs.append([offset, offset + length])
+    return [(start, end) for start, end in runs]
 
 
-def iter_wanted(candidates_url: str, spec: dict, storage_options: dict) -> Iterator[dict]:
-    """Stream the spec's samples out of candidate tars, in output order."""
-    for part, keys in spec["parts"]:
-        wanted = set(keys)
+def copy_spans(candidates_url: str, spec: dict, storage_options: dict, out: IO[bytes]) -> None:
+    """Append the spec's sample records, in order, from the candidate tars to `out`."""
+    for part, spans in spec["parts"]:
         fs, path = filesystem(join(candidates_url, candidate_name(part)), storage_options)
-        with fs.open(path, "rb") as fileobj:
-            for sample in iter_tar_samples(fileobj):
-                if sample["__key__"] in wanted:
-                    yield sample
+        runs = merged_runs(spans)
+        blobs = fs.cat_ranges([path] * len(runs), [a for a, _ in runs], [b for _, b in runs])
+        for blob in blobs:
+            out.write(blob)
+
+
+def spec_metadata(candidates_url: str, spec: dict, storage_options: dict) -> list[dict]:
+    """Per-sample metadata rows of the spec's samples, from the candidates' metadata tables."""
+    rows: list[dict[str, Any]] = []
+    for part, spans in spec["parts"]:
+        fs, path = filesystem(join(candidates_url, metadata_name(part)), storage_options)
+        with fs.open(path, "rb") as src:
+            by_key = {r["__key__"]: r for r in pq.read_table(src).to_pylist()}
+        rows.extend(metadata_row(by_key[key]) for key, _, _ in spans)
+    return rows
+
+
+def metadata_row(record: dict[str, Any]) -> dict[str, Any]:
+    meta = json.loads(record["json"]) if record.get("json") else {}
+    row = {"key": record["__key__"], "caption": record.get("txt")}
+    row.update({k: v for k, v in meta.items() if k not in row})
+    return row
 
 
 def write_shard(spec: dict, candidates_url: str, output_url: str, storage_options: dict) -> dict:
     """Write one final shard atomically; returns its manifest entry."""
     with tempfile.TemporaryDirectory(prefix="mmcurate-shard-") as tmp:
         local = os.path.join(tmp, spec["name"])
-        metadata: list[dict[str, Any]] = []
-        samples = collect_metadata(iter_wanted(candidates_url, spec, storage_options), metadata)
         with open(local, "wb") as out:
-            count = write_tar(samples, out)
-        if count != len(spec["keys"]):
-            raise RuntimeError(f"{spec['name']}: expected {len(spec['keys'])} samples, got {count}")
+            copy_spans(candidates_url, spec, storage_options, out)
+            out.write(b"\0" * TAR_END_BYTES)
         digest = file_sha256(local)
         size = os.path.getsize(local)
         fs, path = filesystem(join(output_url, spec["name"]), storage_options)
         put_file_atomic(fs, local, path)
+        metadata = spec_metadata(candidates_url, spec, storage_options)
         write_metadata_parquet(fs, path.removesuffix(".tar") + ".parquet", metadata, tmp)
-    return {"name": spec["name"], "samples": count, "bytes": size, "sha256": digest}
-
-
-def collect_metadata(samples: Iterator[dict], into: list[dict[str, Any]]) -> Iterator[dict]:
-    """Pass samples through, recording key, caption and JSON fields of each (img2dataset's
-    per-shard parquet)."""
-    for sample in samples:
-        meta = json.loads(sample["json"]) if sample.get("json") else {}
-        caption = sample.get("txt")
-        row = {
-            "key": sample["__key__"],
-            "caption": caption.decode("utf-8") if isinstance(caption, bytes) else caption,
-        }
-        row.update({k: v for k, v in meta.items() if k not in row})
-        into.append(row)
-        yield sample
+    return {"name": spec["name"], "samples": spec["samples"], "bytes": size, "sha256": digest}
 
 
 def write_metadata_parquet(fs: Any, path: str, rows: list[dict[str, Any]], tmp: str) -> None:

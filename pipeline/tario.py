@@ -61,15 +61,20 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_tar(samples: Iterable[dict[str, Any]], fileobj: IO[bytes]) -> int:
-    """Write samples as one tar (USTAR/PAX, uncompressed); returns the sample count."""
-    count = 0
+def write_tar(samples: Iterable[dict[str, Any]], fileobj: IO[bytes]) -> list[tuple[int, int]]:
+    """Write samples as one tar (PAX, uncompressed); returns each sample's (offset, length).
+
+    A sample's span holds its members' headers and padded data, so spans can be copied from
+    one tar into another byte for byte (the final shards are assembled that way).
+    """
+    spans = []
     with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for sample in samples:
+            start = tar.offset
             for name, data in sample_members(sample):
                 add_member(tar, name, data)
-            count += 1
-    return count
+            spans.append((start, tar.offset - start))
+    return spans
 
 
 def sample_tar_bytes(sample: dict[str, Any]) -> int:

@@ -11,11 +11,10 @@ import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-import urllib3
 from pydantic import Field
 
 from stages.base import IMAGE_COLUMNS, Batch, Stage, StageOptions, register
-from stages.http_fetch import Fetched, FetchPolicy, fetch
+from stages.http_fetch import Connections, Fetched, FetchPolicy, fetch
 
 
 class DownloadOptions(StageOptions):
@@ -45,7 +44,7 @@ class Download(Stage):
     def setup(self) -> None:
         opts: DownloadOptions = self.options
         self.policy = FetchPolicy(**opts.model_dump(exclude={"threads"}))
-        self.pool = urllib3.PoolManager(num_pools=64, maxsize=opts.threads, block=False)
+        self.conns = Connections()
         self.executor = ThreadPoolExecutor(opts.threads, thread_name_prefix="download")
 
     def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
@@ -59,7 +58,7 @@ class Download(Stage):
         return batch, [r.reason if r else "no_url" for r in results]
 
     def fetch_one(self, url: str | None) -> Fetched | None:
-        return fetch(self.pool, url, self.policy) if url else None
+        return fetch(self.conns, url, self.policy) if url else None
 
 
 def add_status(meta: str | None, result: Fetched | None) -> str:

@@ -1,9 +1,16 @@
 """The fetcher on its own: sniffing, robots opt-outs, the address guard, retries."""
 
 import pytest
-import urllib3
 
-from stages.http_fetch import Failed, FetchPolicy, check_url, fetch, robots_optout, sniff
+from stages.http_fetch import (
+    Connections,
+    Failed,
+    FetchPolicy,
+    check_url,
+    fetch,
+    robots_optout,
+    sniff,
+)
 from tests.http_corpus import Corpus, photo_bytes
 
 
@@ -43,8 +50,7 @@ def test_sniff(data, column):
     ],
 )
 def test_robots_directives(header, opted_out):
-    headers = urllib3.HTTPHeaderDict({"X-Robots-Tag": header})
-    assert robots_optout(headers, FetchPolicy()) is opted_out
+    assert robots_optout([header], FetchPolicy()) is opted_out
 
 
 @pytest.mark.parametrize(
@@ -70,7 +76,7 @@ def test_guard_off_allows_loopback():
 
 def test_retries_only_where_they_can_help(corpus):
     corpus.serve("/img/good", photo_bytes())
-    pool = urllib3.PoolManager()
+    pool = Connections()
     policy = FetchPolicy(allow_private_addresses=True, retries=3, backoff_s=0.01)
     assert fetch(pool, f"{corpus.base}/status/410", policy).reason == "http_410"
     assert corpus.hits["/status/410"] == 1
@@ -85,6 +91,6 @@ def test_byte_cap_without_content_length(corpus):
     corpus.serve("/big.png", body, "image/png")
     url = f"{corpus.base}/nolength/big.png"  # the cap must hold while streaming
     policy = FetchPolicy(allow_private_addresses=True, max_bytes=len(body) - 1)
-    assert fetch(urllib3.PoolManager(), url, policy).reason == "too_large"
+    assert fetch(Connections(), url, policy).reason == "too_large"
     policy = FetchPolicy(allow_private_addresses=True, max_bytes=len(body))
-    assert fetch(urllib3.PoolManager(), url, policy).data == body
+    assert fetch(Connections(), url, policy).data == body
