@@ -4,6 +4,8 @@ mmcurate against img2dataset, same URL list, same output size, same machine, one
 the photos are served on loopback by nginx (Debian's package; one worker process), and each
 tool runs as the command a user would type. Reported per tool: images/s over the command's
 whole wall time, peak memory of the whole process tree (sampled from /proc), and the ratio.
+Both tools also run on the first `--small` URLs; (N - small) / (T_N - T_small) is each tool's
+marginal rate: its throughput once its fixed start-up cost (Ray's is ~8 s here) is paid.
 
     apt-get install -y nginx            # once
     .venv/bin/python bench/ingest.py [--n 5000] [--rounds 2]
@@ -188,11 +190,42 @@ def count_i2d(out: Path) -> int:
     return sum(s["successes"] for s in stats)
 
 
+def one_round(exe: Path, urls: Path, small: Path, root: Path, args: argparse.Namespace) -> dict:
+    """Each tool on the full list and on a small one: end-to-end and marginal rates."""
+    i2d_s, i2d_mem = run_img2dataset(exe, urls, root / "out-i2d")
+    i2d_n = count_i2d(root / "out-i2d")
+    mm_s, mm_mem = run_mmcurate(urls, root / "out-mm", args.files_per_task)
+    mm_n = json.loads((root / "out-mm" / "manifest.json").read_text())["samples"]
+    i2d_small_s, _ = run_img2dataset(exe, small, root / "out-i2d")
+    i2d_small_n = count_i2d(root / "out-i2d")
+    mm_small_s, _ = run_mmcurate(small, root / "out-mm", args.files_per_task)
+    mm_small_n = json.loads((root / "out-mm" / "manifest.json").read_text())["samples"]
+    i2d_marginal = (i2d_n - i2d_small_n) / (i2d_s - i2d_small_s)
+    mm_marginal = (mm_n - mm_small_n) / (mm_s - mm_small_s)
+    return {
+        "img2dataset_img_s": round(i2d_n / i2d_s, 1),
+        "mmcurate_img_s": round(mm_n / mm_s, 1),
+        "ratio_end_to_end": round((mm_n / mm_s) / (i2d_n / i2d_s), 3),
+        "img2dataset_marginal_img_s": round(i2d_marginal, 1),
+        "mmcurate_marginal_img_s": round(mm_marginal, 1),
+        "ratio_marginal": round(mm_marginal / i2d_marginal, 3),
+        "img2dataset_s": round(i2d_s, 2),
+        "mmcurate_s": round(mm_s, 2),
+        "img2dataset_small_s": round(i2d_small_s, 2),
+        "mmcurate_small_s": round(mm_small_s, 2),
+        "img2dataset_images": i2d_n,
+        "mmcurate_images": mm_n,
+        "img2dataset_peak_rss_mb": i2d_mem // 2**20,
+        "mmcurate_peak_rss_mb": mm_mem // 2**20,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--files-per-task", type=int, default=500)
+    parser.add_argument("--small", type=int, default=500, help="list size for fixed costs")
     args = parser.parse_args()
     exe = ensure_img2dataset()
     root = Path(tempfile.mkdtemp(prefix="mmcurate-ingest-"))
@@ -211,23 +244,11 @@ def main() -> None:
             ),
             urls,
         )
+        small = root / "urls-small.parquet"
+        pq.write_table(pq.read_table(urls).slice(0, args.small), small)
         rounds = []
         for _ in range(args.rounds):  # alternate, so neither tool always runs on a warm cache
-            i2d_s, i2d_mem = run_img2dataset(exe, urls, root / "out-i2d")
-            mm_s, mm_mem = run_mmcurate(urls, root / "out-mm", args.files_per_task)
-            mm_n = json.loads((root / "out-mm" / "manifest.json").read_text())["samples"]
-            i2d_n = count_i2d(root / "out-i2d")
-            rounds.append(
-                {
-                    "img2dataset_img_s": round(i2d_n / i2d_s, 1),
-                    "mmcurate_img_s": round(mm_n / mm_s, 1),
-                    "ratio": round((mm_n / mm_s) / (i2d_n / i2d_s), 3),
-                    "img2dataset_images": i2d_n,
-                    "mmcurate_images": mm_n,
-                    "img2dataset_peak_rss_mb": i2d_mem // 2**20,
-                    "mmcurate_peak_rss_mb": mm_mem // 2**20,
-                }
-            )
+            rounds.append(one_round(exe, urls, small, root, args))
             print(json.dumps(rounds[-1]), flush=True)
     finally:
         nginx.send_signal(signal.SIGTERM)
