@@ -28,8 +28,10 @@ lint: install
 	$(BIN)/ruff check pipeline stages trainer tests bench
 	$(BIN)/ruff format --check pipeline stages trainer tests bench
 
+# bench/ingest.py needs nginx (apt-get install -y nginx) and installs img2dataset in its own venv.
 bench: install
 	$(BIN)/python bench/build_images.py
+	$(BIN)/python bench/ingest.py --n 5000 --rounds 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -52,12 +52,12 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     """Run a whole build; returns the manifest. Config problems raise ConfigError first."""
     stages = build_stages(cfg.stages)
     parts = preflight(cfg)
-    connect(cfg.ray, progress)
+    connect(cfg.ray)
     timer = PhaseTimer()
     work_url = join(cfg.output.path, WORK_DIR)
-    signatures = timer.run("candidates", phase_a, cfg, parts, work_url)
+    signatures = timer.run("candidates", phase_a, cfg, parts, work_url, progress)
     signatures = timer.run("decide", phase_b, signatures, stages)
-    entries, shard_of = timer.run("shards", phase_c, cfg, signatures, work_url)
+    entries, shard_of = timer.run("shards", phase_c, cfg, signatures, work_url, progress)
     signatures = with_columns(
         signatures, {"shard": [shard_of.get(k) for k in signatures["__key__"].to_pylist()]}
     )
@@ -96,9 +96,9 @@ def clear_output(fs: Any, out: str) -> None:
 # ---- phase A -------------------------------------------------------------------------------
 
 
-def phase_a(cfg: BuildConfig, parts: list[dict], work_url: str) -> pa.Table:
+def phase_a(cfg: BuildConfig, parts: list[dict], work_url: str, progress: bool) -> pa.Table:
     task = partial(process_parts, cfg_json=cfg.model_dump_json(), work_url=work_url)
-    tables = run_tasks([json.dumps(p) for p in parts], task)
+    tables = run_tasks([json.dumps(p) for p in parts], task, "partitions", progress)
     return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
 
 
@@ -248,14 +248,14 @@ def with_columns(table: pa.Table, columns: dict[str, list]) -> pa.Table:
 
 
 def phase_c(
-    cfg: BuildConfig, signatures: pa.Table, work_url: str
+    cfg: BuildConfig, signatures: pa.Table, work_url: str, progress: bool
 ) -> tuple[list[dict], dict[str, str]]:
     """Write the final shards; returns manifest entries and each kept key's shard."""
     kept = signatures.filter(pc.is_null(signatures[DROP]))
     rows = kept.select(["__key__", "__part__", "__offset__", "__bytes__"]).to_pylist()
     specs = shard_specs(rows, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
     task = partial(write_shards, work_url=work_url, cfg_json=cfg.model_dump_json())
-    results = run_tasks([json.dumps(s) for s in specs], task)
+    results = run_tasks([json.dumps(s) for s in specs], task, "shards", progress)
     entries = [json.loads(e) for table in results for e in table["entry"].to_pylist()]
     shard_of = {
         key: spec["name"] for spec in specs for _, spans in spec["parts"] for key, _, _ in spans

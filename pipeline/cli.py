@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--overwrite", action="store_true", help="replace an existing build at output.path"
     )
-    build.add_argument("--no-progress", action="store_true", help="hide Ray Data progress bars")
+    build.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     train = sub.add_parser("train", help="train a CLIP model on built shards")
     train.add_argument("args", nargs=argparse.REMAINDER)
     demo = sub.add_parser("demo", help="the embedded end-to-end demo (no network, no GPU)")

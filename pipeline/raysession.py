@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 import pyarrow as pa
 import ray
+from tqdm import tqdm
 
 from pipeline.config import RayConfig
 
 
-def connect(cfg: RayConfig, progress: bool = True) -> None:
+def connect(cfg: RayConfig) -> None:
     """Join `ray.address` or RAY_ADDRESS if set, else start a local Ray; reuse one if running."""
     if not ray.is_initialized():
         address = cfg.address or os.environ.get("RAY_ADDRESS")
@@ -20,9 +21,6 @@ def connect(cfg: RayConfig, progress: bool = True) -> None:
             ray.init(address=address, logging_level=logging.WARNING)
         else:
             ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = progress
-    context.print_on_execution_start = progress
 
 
 @ray.remote(num_cpus=1, max_retries=3)
@@ -30,7 +28,9 @@ def _run_one(fn: Callable[[list[str]], pa.Table], item: str) -> pa.Table:
     return fn([item])
 
 
-def run_tasks(items: list[str], fn: Callable[[list[str]], pa.Table]) -> list[pa.Table]:
+def run_tasks(
+    items: list[str], fn: Callable[[list[str]], pa.Table], label: str, progress: bool = False
+) -> list[pa.Table]:
     """Run `fn([item])` for each item as a Ray task (one CPU each); collect the tables in order.
 
     Plain tasks rather than a Ray Data `map_batches`: measured here, Ray Data's streaming
@@ -42,12 +42,15 @@ def run_tasks(items: list[str], fn: Callable[[list[str]], pa.Table]) -> list[pa.
     fn_ref = ray.put(fn)
     pending: dict[int, ray.ObjectRef] = {}
     results: list[pa.Table | None] = [None] * len(items)
-    for index, item in enumerate(items):
-        pending[index] = _run_one.remote(fn_ref, item)
-        if len(pending) >= window:
+    with tqdm(total=len(items), desc=label, unit="task", disable=not progress) as bar:
+        for index, item in enumerate(items):
+            pending[index] = _run_one.remote(fn_ref, item)
+            if len(pending) >= window:
+                collect_one(pending, results)
+                bar.update()
+        while pending:
             collect_one(pending, results)
-    while pending:
-        collect_one(pending, results)
+            bar.update()
     return [t for t in results if t is not None and t.num_rows]
 
 

@@ -169,7 +169,10 @@ class DecodeImage(Stage):
 
 
 def merge_json(text: str | None, extra: dict) -> str:
-    """Add `extra` fields to a sample's JSON metadata string."""
+    """Add `extra` fields to a sample's JSON metadata string. An `original_*` size already
+    there (img2dataset output) is the web original's and is kept; width/height are updated."""
     meta = json.loads(text) if text else {}
-    meta.update(extra)
-    return json.dumps(meta, sort_keys=True)
+    for name, value in extra.items():
+        if not (name.startswith("original_") and name in meta):
+            meta[name] = value
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False)

@@ -93,6 +93,14 @@ def test_shards_load_in_webdataset_and_ray(ray_session, s3, s3_bucket, tar_shard
         .to_tuple("__key__", "jpg", "txt")
     }
     assert loaded == inputs  # keys and captions survive the build unchanged
+    metas = {s["__key__"]: json.loads(s["json"]) for s in wds.WebDataset(urls, shardshuffle=False)}
+    for tar_path in sorted(source.glob("*.tar")):  # so do img2dataset-style JSON fields
+        for sample in wds.WebDataset(str(tar_path), shardshuffle=False):
+            before = json.loads(sample["json"])
+            after = metas[sample["__key__"]]
+            kept = {k: v for k, v in before.items() if k not in ("width", "height")}
+            assert kept.items() <= after.items()
+            assert after["original_width"] == before.get("original_width", after["original_width"])
     rows = ray.data.read_webdataset(urls).take_all()
     assert sorted(r["__key__"] for r in rows) == sorted(inputs)
 
