@@ -26,6 +26,18 @@ import pyarrow.parquet as pq
 from pipeline.config import BuildConfig
 from pipeline.config_io import ConfigError
 from pipeline.raysession import connect, run_tasks
+from pipeline.resume import (
+    WORK_DIR,
+    AlreadyBuilt,
+    build_identity,
+    claim_output,
+    done_parts,
+    done_shards,
+    read_signatures,
+    shard_marker,
+    signatures_name,
+    write_table,
+)
 from pipeline.shards import candidate_name, metadata_name, shard_specs, write_shard
 from pipeline.sources import iter_chunks, plan_source, read_partition
 from pipeline.stats import build_stats, stage_order, stage_seconds
@@ -44,14 +56,20 @@ from stages.registry import build_stages
 
 log = logging.getLogger("mmcurate.build")
 MANIFEST_FORMAT = "mmcurate/1"
-WORK_DIR = "_work"
 NOT_SIGNATURE = {*IMAGE_COLUMNS, "txt", "json"}
 
 
 def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
-    """Run a whole build; returns the manifest. Config problems raise ConfigError first."""
+    """Run (or resume) a whole build; returns the manifest. Config problems raise ConfigError
+    before anything runs; rerunning a finished build returns its manifest untouched."""
     stages = build_stages(cfg.stages)
     parts = preflight(cfg)
+    identity = build_identity(cfg, parts)
+    try:
+        claim_output(cfg, identity)
+    except AlreadyBuilt as built:
+        log.info("%s already holds this build; nothing to do", cfg.output.path)
+        return built.manifest
     connect(cfg.ray)
     timer = PhaseTimer()
     work_url = join(cfg.output.path, WORK_DIR)
@@ -63,51 +81,39 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     )
     stats = build_stats(signatures, stages, stage_seconds(signatures, stages))
     stats["phases"] = timer.seconds
-    return timer.run("commit", commit, cfg, signatures, entries, stats, work_url)
+    return timer.run("commit", commit, cfg, signatures, entries, stats, work_url, identity)
 
 
 def preflight(cfg: BuildConfig) -> list[dict[str, Any]]:
-    """Fail fast, before Ray starts: storage reachable, output free, source non-empty."""
+    """Fail fast, before Ray starts: storage reachable, source non-empty."""
     check_reachable(cfg.source.path, cfg.storage_options, "source.path")
     check_reachable(cfg.output.path, cfg.storage_options, "output.path")
-    fs, out = filesystem(cfg.output.path, cfg.storage_options)
-    manifest = join(out, "manifest.json")
-    if fs.exists(manifest):
-        if not cfg.output.overwrite:
-            raise ConfigError(
-                f"output.path: {cfg.output.path} already holds a build; pass --overwrite"
-            )
-        clear_output(fs, out)
     parts = plan_source(cfg.source, cfg.storage_options)
     if not parts:
         raise ConfigError(f"source.path: no input files in {cfg.source.path}")
     return parts
 
 
-def clear_output(fs: Any, out: str) -> None:
-    """Remove a previous build, manifest first so no reader sees a half-deleted one."""
-    fs.rm(join(out, "manifest.json"))
-    for path in fs.glob(join(out, "shard-*.tar")) + fs.glob(join(out, "shard-*.parquet")):
-        fs.rm(path)
-    for folder in ("signatures", WORK_DIR):
-        remove_tree(fs, join(out, folder))
-
-
 # ---- phase A -------------------------------------------------------------------------------
 
 
 def phase_a(cfg: BuildConfig, parts: list[dict], work_url: str, progress: bool) -> pa.Table:
+    """Process the partitions not done by an earlier run; read every partition's signatures."""
+    done = done_parts(work_url, cfg.storage_options)
+    todo = [json.dumps(p) for p in parts if p["part"] not in done]
+    if done:
+        log.info("resuming: %d of %d partitions already done", len(done), len(parts))
     task = partial(process_parts, cfg_json=cfg.model_dump_json(), work_url=work_url)
-    tables = run_tasks([json.dumps(p) for p in parts], task, "partitions", progress)
-    return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    run_tasks(todo, task, "partitions", progress)
+    return read_signatures(work_url, [p["part"] for p in parts], cfg.storage_options)
 
 
 def process_parts(items: list[str], cfg_json: str, work_url: str) -> pa.Table:
-    """Ray task body: process each partition given as JSON; return signature rows."""
+    """Ray task body: process each partition given as JSON; returns a row count per part."""
     cfg = BuildConfig.model_validate_json(cfg_json)
     stages = stages_for(cfg_json)
-    tables = [process_partition(json.loads(item), cfg, stages, work_url) for item in items]
-    return pa.concat_tables(tables, promote_options="permissive")
+    counts = [process_partition(json.loads(item), cfg, stages, work_url) for item in items]
+    return pa.table({"rows": counts})
 
 
 @lru_cache(maxsize=4)
@@ -116,7 +122,8 @@ def stages_for(cfg_json: str) -> list[Stage]:
     return stage_order(build_stages(BuildConfig.model_validate_json(cfg_json).stages))
 
 
-def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_url: str) -> pa.Table:
+def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_url: str) -> int:
+    """Candidates, their metadata, then the signatures: written last, they mark it done."""
     rows: list[dict[str, Any]] = []
     chunks = iter_chunks(read_partition(part, cfg.storage_options), cfg.ray.batch_size)
     for chunk in run_chain(chunks, stages):
@@ -129,7 +136,9 @@ def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_ur
     for row, (offset, length) in zip(live, spans, strict=True):
         row["__offset__"], row["__bytes__"] = offset, length
     write_candidate_metadata(live, join(folder, metadata_name(part["part"])), cfg)
-    return signature_table(rows)
+    signatures_url = join(work_url, "signatures", signatures_name(part["part"]))
+    write_table(signature_table(rows), signatures_url, cfg.storage_options)
+    return len(rows)
 
 
 def apply(chunk: dict, stages: list[Stage]) -> dict:
@@ -170,16 +179,9 @@ def write_candidate(samples: list[dict], url: str, cfg: BuildConfig) -> list[tup
 
 def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) -> None:
     """Key, caption and JSON of the live samples, for the per-shard metadata parquet."""
-    table = pa.table(
-        {
-            col: pa.array([s.get(col) for s in samples], pa.string())
-            for col in ("__key__", "txt", "json")
-        }
-    )
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    fs, path = filesystem(url, cfg.storage_options)
-    write_bytes_atomic(fs, path, buffer.getvalue())
+    columns = ("__key__", "txt", "json")
+    table = pa.table({c: pa.array([s.get(c) for s in samples], pa.string()) for c in columns})
+    write_table(table, url, cfg.storage_options)
 
 
 def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -254,9 +256,12 @@ def phase_c(
     kept = signatures.filter(pc.is_null(signatures[DROP]))
     rows = kept.select(["__key__", "__part__", "__offset__", "__bytes__"]).to_pylist()
     specs = shard_specs(rows, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
+    done = done_shards(work_url, cfg.storage_options)
+    todo = [json.dumps(s) for s in specs if s["name"] not in done]
     task = partial(write_shards, work_url=work_url, cfg_json=cfg.model_dump_json())
-    results = run_tasks([json.dumps(s) for s in specs], task, "shards", progress)
+    results = run_tasks(todo, task, "shards", progress)
     entries = [json.loads(e) for table in results for e in table["entry"].to_pylist()]
+    entries += [done[s["name"]] for s in specs if s["name"] in done]
     shard_of = {
         key: spec["name"] for spec in specs for _, spans in spec["parts"] for key, _, _ in spans
     }
@@ -264,18 +269,27 @@ def phase_c(
 
 
 def write_shards(items: list[str], work_url: str, cfg_json: str) -> pa.Table:
+    """Ray task body: write each planned shard, then its marker (so a rerun skips it)."""
     cfg = BuildConfig.model_validate_json(cfg_json)
     candidates = join(work_url, "candidates")
-    entries = [
-        write_shard(json.loads(item), candidates, cfg.output.path, cfg.storage_options)
-        for item in items
-    ]
+    entries = []
+    for item in items:
+        entry = write_shard(json.loads(item), candidates, cfg.output.path, cfg.storage_options)
+        fs, marker = filesystem(shard_marker(work_url, entry["name"]), cfg.storage_options)
+        write_bytes_atomic(fs, marker, json.dumps(entry).encode())
+        entries.append(entry)
     return pa.table({"entry": [json.dumps(e) for e in entries]})
 
 
 def commit(
-    cfg: BuildConfig, signatures: pa.Table, entries: list[dict], stats: dict, work_url: str
+    cfg: BuildConfig,
+    signatures: pa.Table,
+    entries: list[dict],
+    stats: dict,
+    work_url: str,
+    identity: str,
 ) -> dict[str, Any]:
+    """Signatures and stats, then the manifest (the commit marker), then drop the scratch."""
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
     write_signatures(fs, out, signatures)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
@@ -284,6 +298,7 @@ def commit(
         "samples": sum(e["samples"] for e in entries),
         "shards": entries,
         "config": redact(json.loads(cfg.model_dump_json())),
+        "build_id": identity,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     write_bytes_atomic(fs, join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())

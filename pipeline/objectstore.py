@@ -213,8 +213,16 @@ class LocalS3:
             "-volume.preStopSeconds=0",
         ]
 
-    def _launch(self) -> None:
-        self.ports = pick_ports()
+    def restart(self) -> None:
+        """Stop and start again on the same ports and data (clients keep their endpoint)."""
+        self.stop()
+        self._launch(keep_ports=True)
+        self._wait_ready()
+        atexit.register(self.stop)
+
+    def _launch(self, keep_ports: bool = False) -> None:
+        if not (keep_ports and self.ports):
+            self.ports = pick_ports()
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
         env.pop("S3_BUCKET", None)  # weed mini would pre-create it
         if self._log_file is None:

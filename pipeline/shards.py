@@ -8,6 +8,7 @@ of its own). Names are `shard-000000.tar`, ..., so the same input gives the same
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -16,7 +17,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.storage import filesystem, join, put_file_atomic
+from pipeline.storage import filesystem, join, put_file_atomic, with_retries
 
 TAR_END_BYTES = 1024  # two zero blocks close a tar
 
@@ -80,7 +81,8 @@ def copy_spans(candidates_url: str, spec: dict, storage_options: dict, out: IO[b
     for part, spans in spec["parts"]:
         fs, path = filesystem(join(candidates_url, candidate_name(part)), storage_options)
         runs = merged_runs(spans)
-        blobs = fs.cat_ranges([path] * len(runs), [a for a, _ in runs], [b for _, b in runs])
+        starts, ends = [a for a, _ in runs], [b for _, b in runs]
+        blobs = with_retries(lambda: fs.cat_ranges([path] * len(runs), starts, ends))  # noqa: B023
         for blob in blobs:
             out.write(blob)
 
@@ -90,8 +92,8 @@ def spec_metadata(candidates_url: str, spec: dict, storage_options: dict) -> lis
     rows: list[dict[str, Any]] = []
     for part, spans in spec["parts"]:
         fs, path = filesystem(join(candidates_url, metadata_name(part)), storage_options)
-        with fs.open(path, "rb") as src:
-            by_key = {r["__key__"]: r for r in pq.read_table(src).to_pylist()}
+        blob = with_retries(lambda: fs.cat_file(path))  # noqa: B023
+        by_key = {r["__key__"]: r for r in pq.read_table(io.BytesIO(blob)).to_pylist()}
         rows.extend(metadata_row(by_key[key]) for key, _, _ in spans)
     return rows
 

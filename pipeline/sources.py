@@ -8,6 +8,8 @@ A partition is a small JSON-able dict. Reading it yields a batch (dict of column
 from __future__ import annotations
 
 import json
+import tarfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +17,7 @@ from pipeline.config import SourceConfig
 from pipeline.config_io import ConfigError
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
 from pipeline.source_urls import plan_urls, read_urls
-from pipeline.storage import filesystem
+from pipeline.storage import filesystem, transient_errors, with_retries
 from pipeline.tario import EXT_ALIASES, iter_tar_samples
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Batch
 
@@ -78,6 +80,9 @@ def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
     wanted = [f"{root}/{e['rel']}" for e in part["entries"]]
     wanted += [f"{root}/{e['rel'].rpartition('.')[0]}.txt" for e in part["entries"] if e["txt"]]
     blobs = fs.cat(wanted, on_error="return")
+    for path, value in blobs.items():  # a storage hiccup must not turn into read_error drops
+        if isinstance(value, Exception) and not isinstance(value, FileNotFoundError):
+            blobs[path] = read_or_error(fs, path)
     batch = empty_batch()
     for index, entry in enumerate(part["entries"]):
         path = f"{root}/{entry['rel']}"
@@ -86,6 +91,13 @@ def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
         sample.update({"__part__": part["part"], "__index__": index, "__source__": path})
         append_sample(batch, sample)
     return batch
+
+
+def read_or_error(fs: Any, path: str) -> bytes | Exception:
+    try:
+        return with_retries(lambda: fs.cat_file(path))
+    except transient_errors() as err:
+        return err
 
 
 def image_sample(entry: dict[str, Any], data: Any, caption: Any) -> dict[str, Any]:
@@ -119,31 +131,48 @@ def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
 
 
 def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
-    """Stream one tar; a corrupt tar keeps the samples before the damage and counts one error."""
+    """Stream one tar. A transient storage error restarts the stream (bounded); a damaged tar
+    keeps the samples before the damage and counts one `corrupt_tar` error."""
     fs, path = filesystem(full_url(part, part["tar"]), storage_options)
-    batch = empty_batch()
+    transient = transient_errors()
+    for attempt in range(3):
+        batch = empty_batch()
+        try:
+            stream_tar(fs, path, part, batch)
+            return batch
+        except tarfile.TarError as err:
+            return with_damage_row(batch, part, path, err)
+        except transient as err:
+            if isinstance(err, FileNotFoundError) or attempt == 2:
+                return with_damage_row(batch, part, path, err)
+            time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def stream_tar(fs: Any, path: str, part: dict[str, Any], batch: Batch) -> None:
     seen: set[str] = set()
-    try:
-        with fs.open(path, "rb") as fileobj:
-            for index, raw in enumerate(iter_tar_samples(fileobj)):
-                sample = tar_sample(raw, part, index)
-                if sample["__key__"] in seen:  # members of one key not adjacent, or repeated
-                    sample.update({DROP: "duplicate_key", DROP_STAGE: SOURCE})
-                seen.add(sample["__key__"])
-                append_sample(batch, sample)
-    except Exception as err:  # tarfile/IO raise several types; the shard is damaged either way
-        stem = sanitize_key(path.rpartition("/")[2])
-        append_sample(
-            batch,
-            {
-                "__key__": f"{stem}_damaged",
-                "__part__": part["part"],
-                "__index__": len(batch["__key__"]),
-                "__source__": path,
-                DROP: f"corrupt_tar:{type(err).__name__}",
-                DROP_STAGE: SOURCE,
-            },
-        )
+    with fs.open(path, "rb") as fileobj:
+        for index, raw in enumerate(iter_tar_samples(fileobj)):
+            sample = tar_sample(raw, part, index)
+            if sample["__key__"] in seen:  # members of one key not adjacent, or repeated
+                sample.update({DROP: "duplicate_key", DROP_STAGE: SOURCE})
+            seen.add(sample["__key__"])
+            append_sample(batch, sample)
+
+
+def with_damage_row(batch: Batch, part: dict[str, Any], path: str, err: Exception) -> Batch:
+    stem = sanitize_key(path.rpartition("/")[2])
+    append_sample(
+        batch,
+        {
+            "__key__": f"{stem}_damaged",
+            "__part__": part["part"],
+            "__index__": len(batch["__key__"]),
+            "__source__": path,
+            DROP: f"corrupt_tar:{type(err).__name__}",
+            DROP_STAGE: SOURCE,
+        },
+    )
     return batch
 
 

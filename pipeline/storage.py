@@ -57,15 +57,30 @@ def check_reachable(url: str, storage_options: dict[str, Any], what: str) -> Non
         raise ConfigError(f"{what}: storage unreachable for {url}: {reason}") from None
 
 
-def with_retries(fn: Callable[[], T], attempts: int = 5, base_s: float = 0.2) -> T:
-    """Call `fn`, retrying transient I/O errors with exponential backoff and full jitter."""
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Errors worth retrying: I/O and timeouts, and botocore's connection errors (which are
+    not OSErrors) when s3fs is in use."""
+    errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+    except ImportError:
+        return errors
+    return (*errors, BotoConnectionError, HTTPClientError)
+
+
+def with_retries(fn: Callable[[], T], attempts: int = 6, base_s: float = 0.25) -> T:
+    """Call `fn`, retrying transient storage errors with exponential backoff and full jitter
+    (at most ~16 s of sleeping, on top of the client's own retries)."""
+    transient = transient_errors()
     for attempt in range(attempts):
         try:
             return fn()
-        except (OSError, TimeoutError) as err:
-            if isinstance(err, (FileNotFoundError, PermissionError)) or attempt == attempts - 1:
+        except transient as err:
+            permanent = isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError))
+            if permanent or attempt == attempts - 1:
                 raise
-            time.sleep(random.uniform(0, base_s * 2**attempt))
+            time.sleep(random.uniform(0, min(8.0, base_s * 2**attempt)))
     raise AssertionError("unreachable")
 
 

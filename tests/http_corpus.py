@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -105,6 +106,9 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/nolength/"):  # body ends when the connection closes
             body, ctype, _ = self.server.files[path.removeprefix("/nolength")]
             return self.reply(200, body, ctype, with_length=False)
+        if path.startswith("/slow/"):  # a slow but healthy server: keeps a build busy
+            time.sleep(0.3)
+            return self.reply(200, *self.server.files["/img/good"][:2])
         if path == "/stall":
             return self.stall()
         if path in self.server.files:

@@ -141,7 +141,8 @@ def test_rerun_is_identical_and_needs_overwrite(ray_session, image_folder, tmp_p
     folder = image_folder(n=40, seed=4, exact_copies=3, broken=2)
     out = tmp_path / "out"
     first = run_build(config(folder, out, shard_max_samples=16), progress=False)
-    with pytest.raises(ConfigError, match="already holds a build; pass --overwrite"):
+    assert run_build(config(folder, out, shard_max_samples=16), progress=False) == first  # no-op
+    with pytest.raises(ConfigError, match="already holds a different build; pass --overwrite"):
         run_build(config(folder, out), progress=False)
     second = run_build(config(folder, out, shard_max_samples=16, overwrite=True), progress=False)
     assert first["shards"] == second["shards"]  # same names, counts, bytes and sha256

@@ -1,0 +1,165 @@
+"""Faults: a killed worker and a killed driver must not lose or duplicate a sample."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+import yaml
+
+from pipeline.build import run_build
+from pipeline.config import BuildConfig
+from tests.http_corpus import Corpus, photo_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def slow_urls(tmp_path):
+    """60 URLs on a loopback server that answers each after 0.3 s; 3 URLs per partition."""
+    server = Corpus().start()
+    server.serve("/img/good", photo_bytes())
+    urls = [f"{server.base}/slow/{i}.jpg" for i in range(60)]
+    path = tmp_path / "urls.parquet"
+    pq.write_table(
+        pa.table({"url": urls, "caption": [f"photo number {i}" for i in range(60)]}), path
+    )
+    yield path
+    server.stop()
+
+
+def tree(urls, out) -> dict:
+    return {
+        "source": {"kind": "urls", "path": str(urls), "files_per_task": 3},
+        "stages": [
+            {"name": "download", "allow_private_addresses": True, "threads": 1},
+            {"name": "decode_image", "resize": {"size": 32}},
+        ],
+        "output": {"path": str(out), "shard_max_samples": 16},
+    }
+
+
+def wait_for(predicate, timeout_s=120):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.05)
+
+
+def task_worker_pids() -> list[int]:
+    """Ray workers currently running a partition task (Ray titles them `ray::_run_one`)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::_run_one"):
+                    pids.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def shard_keys(out: Path) -> list[list[str]]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    table = pq.read_table(out / "signatures").to_pylist()
+    return [sorted(r["key"] for r in table if r["shard"] == s["name"]) for s in manifest["shards"]]
+
+
+@pytest.mark.slow
+def test_killed_worker_loses_and_duplicates_nothing(ray_session, slow_urls, tmp_path):
+    clean = run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "clean")), False)
+    result = {}
+    build = threading.Thread(
+        target=lambda: result.update(
+            manifest=run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "out")), False)
+        )
+    )
+    build.start()
+    wait_for(task_worker_pids)
+    victim = task_worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)  # by pid, mid-task
+    build.join(timeout=300)
+    assert not os.path.exists(f"/proc/{victim}")
+    assert result["manifest"]["shards"] == clean["shards"]  # same samples, bytes, order
+    assert shard_keys(tmp_path / "out") == shard_keys(tmp_path / "clean")
+
+
+@pytest.mark.slow
+def test_killed_driver_resumes_without_redoing_work(ray_session, slow_urls, tmp_path, caplog):
+    clean = run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "clean")), False)
+    out = tmp_path / "out"
+    config = tmp_path / "build.yaml"
+    config.write_text(yaml.safe_dump(tree(slow_urls, out)))
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    done = out / "_work" / "signatures"
+    wait_for(lambda: len(list(done.glob("part-*.parquet"))) >= 4)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver's own process group, by its pid
+    driver.wait()
+    assert not (out / "manifest.json").exists()
+    finished = len(list(done.glob("part-*.parquet")))
+    assert 4 <= finished < 20
+
+    with caplog.at_level(logging.INFO, logger="mmcurate.build"):
+        resumed = run_build(BuildConfig.model_validate(tree(slow_urls, out)), False)
+    skipped = [r.args[0] for r in caplog.records if r.msg.startswith("resuming")]
+    assert skipped and skipped[0] >= finished  # finished partitions were not run again
+    assert resumed["shards"] == clean["shards"]
+    assert shard_keys(out) == shard_keys(tmp_path / "clean")
+
+
+def test_different_config_on_unfinished_output_is_refused(ray_session, tmp_path, image_folder):
+    folder = image_folder(n=6)
+    base = {"source": {"kind": "images", "path": str(folder)}, "output": {"path": str(tmp_path)}}
+    (tmp_path / "_work").mkdir()
+    (tmp_path / "_work" / "build.json").write_text(json.dumps({"build_id": "someone-else"}))
+    from pipeline.config_io import ConfigError
+
+    with pytest.raises(ConfigError, match="unfinished build of another config"):
+        run_build(BuildConfig.model_validate(base), False)
+
+
+@pytest.mark.slow
+def test_object_store_restart_mid_build(ray_session, slow_urls, tmp_path):
+    from pipeline.objectstore import LocalS3
+
+    clean = run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "clean")), False)
+    with LocalS3(tmp_path / "s3") as store:
+        store.make_bucket("faults")
+        fs = store.filesystem()
+        spec = tree(slow_urls, "s3://faults/out") | {"storage_options": store.storage_options}
+        result = {}
+        build = threading.Thread(
+            target=lambda: result.update(
+                manifest=run_build(BuildConfig.model_validate(spec), False)
+            )
+        )
+        build.start()
+
+        def some_partitions_done() -> bool:
+            fs.invalidate_cache()
+            return len(fs.glob("faults/out/_work/signatures/part-*.parquet")) >= 3
+
+        wait_for(some_partitions_done)
+        store.restart()  # stop by pid, start again on the same ports and data
+        build.join(timeout=300)
+        assert result["manifest"]["shards"] == clean["shards"]  # nothing lost or duplicated
+        names = [s["name"] for s in clean["shards"]]
+        assert sorted(p.rpartition("/")[2] for p in fs.glob("faults/out/shard-*.tar")) == names
