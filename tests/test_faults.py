@@ -3,9 +3,11 @@
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -163,3 +165,104 @@ def test_object_store_restart_mid_build(ray_session, slow_urls, tmp_path):
         assert result["manifest"]["shards"] == clean["shards"]  # nothing lost or duplicated
         names = [s["name"] for s in clean["shards"]]
         assert sorted(p.rpartition("/")[2] for p in fs.glob("faults/out/shard-*.tar")) == names
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ancestors(pid: int) -> set[int]:
+    found = set()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+        found.add(pid)
+    return found
+
+
+def start_node(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """`ray start ... --block` as a child in its own process group, on loopback, free ports."""
+    ports = [
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        "--node-ip-address=127.0.0.1",
+    ]
+    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--block", *args, *ports]
+    return subprocess.Popen(
+        cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop_node(node: subprocess.Popen) -> None:
+    if node.poll() is None:
+        os.killpg(node.pid, signal.SIGTERM)
+        try:
+            node.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+
+
+@pytest.mark.slow
+def test_node_removed_mid_build(ray_session, slow_urls, tmp_path):
+    clean = run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "clean")), False)
+    # Multi-node needs cluster mode on; every node and the driver still get 127.0.0.1.
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": "b" * 64,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+    }
+    env.pop("RAY_ADDRESS", None)
+    temp = tempfile.mkdtemp(prefix="rc-", dir="/tmp")  # short: unix socket paths
+    gcs = f"127.0.0.1:{free_port()}"
+    head = start_node(
+        [
+            "--head",
+            f"--port={gcs.split(':')[1]}",
+            "--num-cpus=1",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        env,
+        tmp_path / "head.log",
+    )
+    worker = None
+    try:
+        time.sleep(3)
+        worker = start_node([f"--address={gcs}", "--num-cpus=1"], env, tmp_path / "worker.log")
+        config = tmp_path / "build.yaml"
+        config.write_text(yaml.safe_dump(tree(slow_urls, tmp_path / "out")))
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"],
+            cwd=REPO,
+            env={**env, "RAY_ADDRESS": gcs},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+        def worker_node_busy() -> bool:  # a partition task runs under the worker node
+            return any(worker.pid in ancestors(pid) for pid in task_worker_pids())
+
+        wait_for(worker_node_busy, timeout_s=180)
+        os.killpg(worker.pid, signal.SIGKILL)  # the node vanishes with a task in flight
+        worker.wait()
+        _, err = driver.communicate(timeout=300)
+        assert driver.returncode == 0, err.decode()[-3000:]
+    finally:
+        for node in (worker, head):
+            if node is not None:
+                stop_node(node)
+        shutil.rmtree(temp, ignore_errors=True)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["shards"] == clean["shards"]
