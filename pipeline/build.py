@@ -301,9 +301,16 @@ def commit(
         "build_id": identity,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    write_bytes_atomic(fs, join(out, "shardindex.json"), json.dumps(wids_index(entries)).encode())
     write_bytes_atomic(fs, join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
     remove_tree(fs, join(out, WORK_DIR))
     return manifest
+
+
+def wids_index(entries: list[dict]) -> dict[str, Any]:
+    """The shard index `wids` (webdataset's indexed reader) loads; urls relative to it."""
+    shards = [{"url": e["name"], "nsamples": e["samples"], "filesize": e["bytes"]} for e in entries]
+    return {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shards}
 
 
 def write_signatures(fs: Any, out: str, signatures: pa.Table) -> None:

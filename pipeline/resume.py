@@ -66,8 +66,9 @@ def claim_output(cfg: BuildConfig, identity: str) -> None:
 
 def clear_output(fs: Any, out: str) -> None:
     """Remove a previous build, manifest first so no reader sees a half-deleted one."""
-    if fs.exists(join(out, "manifest.json")):
-        fs.rm(join(out, "manifest.json"))
+    for name in ("manifest.json", "shardindex.json"):
+        if fs.exists(join(out, name)):
+            fs.rm(join(out, name))
     for path in fs.glob(join(out, "shard-*.tar")) + fs.glob(join(out, "shard-*.parquet")):
         fs.rm(path)
     for folder in ("signatures", WORK_DIR):

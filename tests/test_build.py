@@ -71,6 +71,11 @@ def test_thousand_images_to_s3(ray_session, s3, s3_bucket, image_folder):
         keys += sorted({m.split(".")[0] for m in shard_members(data)})
     assert len(keys) == len(set(keys)) == 980
     assert not fs.exists(f"{s3_bucket}/build/_work")  # scratch space is cleaned up
+    index = read_json(fs, f"{s3_bucket}/build/shardindex.json")  # for webdataset's wids
+    assert index["__kind__"] == "wids-shard-index-v1"
+    assert [(s["url"], s["nsamples"]) for s in index["shardlist"]] == [
+        (s["name"], s["samples"]) for s in manifest["shards"]
+    ]
     assert s3.storage_options["secret"] not in json.dumps(manifest)
 
 
