@@ -14,6 +14,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, quote, urljoin, urlsplit
@@ -70,26 +71,46 @@ def sniff(data: bytes) -> str | None:
     return next((col for magic, col in SIGNATURES if data.startswith(magic)), None)
 
 
-def check_address(host: str, port: int) -> None:
-    """Refuse hosts that resolve to loopback, private, link-local or reserved addresses."""
+def check_address(host: str, port: int) -> tuple[str, ...]:
+    """The host's addresses, refusing loopback, private, link-local and reserved ones."""
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError):
         raise Failed("dns_error") from None
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if not address.is_global:
+    addresses = tuple(dict.fromkeys(info[4][0] for info in infos))
+    for text in addresses:
+        if not ipaddress.ip_address(text.split("%")[0]).is_global:
             raise Failed("private_address")
+    return addresses
 
 
-def check_url(url: str, policy: FetchPolicy) -> None:
+def check_url(url: str, policy: FetchPolicy) -> tuple[str, ...] | None:
+    """Refuse bad schemes and (guard on) private targets; returns the vetted addresses, which
+    the connection must then use, so a second DNS answer cannot point it elsewhere."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise Failed("bad_scheme")
     if not parts.hostname:
         raise Failed("bad_url")
-    if not policy.allow_private_addresses:
-        check_address(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    if policy.allow_private_addresses:
+        return None
+    return check_address(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+
+
+def pinned_connector(addresses: tuple[str, ...]) -> Callable[..., socket.socket]:
+    """A `create_connection` for http.client that dials only the vetted addresses (Host header
+    and TLS server name stay the URL's host)."""
+
+    def connect(address: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
+        error: OSError | None = None
+        for ip in addresses:
+            try:
+                return socket.create_connection((ip, address[1]), timeout, source)
+            except OSError as err:
+                error = err
+        raise error or OSError("no address")
+
+    return connect
 
 
 def robots_optout(values: list[str], policy: FetchPolicy) -> bool:
@@ -121,8 +142,16 @@ class Connections:
             self.local.conns = OrderedDict()
         return self.local.conns
 
-    def take(self, scheme: str, host: str, port: int, policy: FetchPolicy) -> tuple[Any, bool]:
-        """(connection, reused): an idle kept-alive one for this origin, else a new one."""
+    def take(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        policy: FetchPolicy,
+        addresses: tuple[str, ...] | None = None,
+    ) -> tuple[Any, bool]:
+        """(connection, reused): an idle kept-alive one for this origin, else a new one (dialing
+        only `addresses` when given)."""
         cached = self._cache().pop((scheme, host, port), None)
         if cached is not None:
             return cached, True
@@ -132,6 +161,8 @@ class Connections:
             )
         else:
             conn = http.client.HTTPConnection(host, port, timeout=policy.connect_timeout_s)
+        if addresses is not None:
+            conn._create_connection = pinned_connector(addresses)  # http.client's own hook
         conn.connect()
         conn.sock.settimeout(policy.timeout_s)  # connect has its own limit; reads get this one
         return conn, False
@@ -166,14 +197,16 @@ def request_target(parts: SplitResult) -> str:
     return f"{target}?{quote(parts.query, safe=SAFE_PATH)}" if parts.query else target
 
 
-def exchange(conns: Connections, url: str, policy: FetchPolicy) -> tuple[int, str | None, bytes]:
+def exchange(
+    conns: Connections, url: str, policy: FetchPolicy, addresses: tuple[str, ...] | None = None
+) -> tuple[int, str | None, bytes]:
     """One request (a stale kept-alive connection is retried once on a fresh one)."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     origin = (parts.scheme, parts.hostname, port)
     headers = {"User-Agent": policy.user_agent, "Accept": "image/*,*/*;q=0.8"}
     for _ in range(2):
-        conn, reused = conns.take(*origin, policy)
+        conn, reused = conns.take(*origin, policy, addresses)
         try:
             conn.request("GET", request_target(parts), headers=headers)
             response = conn.getresponse()
@@ -225,9 +258,9 @@ def finish(
 def attempt(conns: Connections, url: str, policy: FetchPolicy) -> tuple[bytes, int]:
     """One attempt, following redirects; returns (body, status) or raises Failed."""
     for _ in range(policy.max_redirects + 1):
-        check_url(url, policy)
+        addresses = check_url(url, policy)
         try:
-            status, location, body = exchange(conns, url, policy)
+            status, location, body = exchange(conns, url, policy, addresses)
         except TimeoutError:
             raise Failed("timeout") from None
         except ssl.SSLError:

@@ -94,3 +94,18 @@ def test_byte_cap_without_content_length(corpus):
     assert fetch(Connections(), url, policy).reason == "too_large"
     policy = FetchPolicy(allow_private_addresses=True, max_bytes=len(body))
     assert fetch(Connections(), url, policy).data == body
+
+
+def test_connections_dial_only_the_vetted_addresses(corpus):
+    """After the guard vets a host's addresses, the socket goes to those and nowhere else:
+    `pinned.invalid` never resolves, yet the request reaches the loopback server, with the
+    URL's host in the Host header (so a second DNS answer could not redirect it)."""
+    from stages.http_fetch import exchange
+
+    corpus.serve("/img/good", photo_bytes())
+    url = f"http://pinned.invalid:{corpus.server_address[1]}/img/good"
+    policy = FetchPolicy(allow_private_addresses=True)
+    status, _, body = exchange(Connections(), url, policy, addresses=("127.0.0.1",))
+    assert status == 200 and body == corpus.files["/img/good"][0]
+    with pytest.raises(OSError):  # no vetted address: nothing is dialled
+        exchange(Connections(), url, policy, addresses=())
