@@ -227,6 +227,8 @@ def main() -> None:
     parser.add_argument("--files-per-task", type=int, default=500)
     parser.add_argument("--small", type=int, default=500, help="list size for fixed costs")
     args = parser.parse_args()
+    if shutil.which("nginx") is None:
+        sys.exit("bench/ingest.py needs nginx on PATH: apt-get install -y nginx")
     exe = ensure_img2dataset()
     root = Path(tempfile.mkdtemp(prefix="mmcurate-ingest-"))
     root.chmod(0o755)  # nginx workers run unprivileged and must read the photos
