@@ -1,7 +1,7 @@
 """A build, in three phases (DESIGN.md, "Data flow").
 
 A. Per partition, in a Ray task: read, run the per-sample stages, write the live samples as a
-   candidate tar, return one signature row per input sample (no media).
+   candidate tar, then one signature row per input sample (no media) as its completion mark.
 B. On the driver, on signatures only: global decisions (dedupe), then stats.
 C. Plan the final shards from the kept signatures and write each in a Ray task; then the
    signatures parquet, stats.json, and manifest.json last (the commit marker).
@@ -9,7 +9,6 @@ C. Plan the final shards from the kept signatures and write each in a Ray task; 
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import tempfile
@@ -21,7 +20,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline.config import BuildConfig
 from pipeline.config_io import ConfigError
@@ -36,7 +34,6 @@ from pipeline.resume import (
     read_signatures,
     shard_marker,
     signatures_name,
-    write_table,
 )
 from pipeline.shards import candidate_name, metadata_name, shard_specs, write_shard
 from pipeline.sources import iter_chunks, plan_source, read_partition
@@ -49,6 +46,7 @@ from pipeline.storage import (
     redact,
     remove_tree,
     write_bytes_atomic,
+    write_parquet,
 )
 from pipeline.tario import write_tar
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Stage
@@ -137,7 +135,7 @@ def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_ur
         row["__offset__"], row["__bytes__"] = offset, length
     write_candidate_metadata(live, join(folder, metadata_name(part["part"])), cfg)
     signatures_url = join(work_url, "signatures", signatures_name(part["part"]))
-    write_table(signature_table(rows), signatures_url, cfg.storage_options)
+    write_parquet(signature_table(rows), signatures_url, cfg.storage_options)
     return len(rows)
 
 
@@ -181,7 +179,7 @@ def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) ->
     """Key, caption and JSON of the live samples, for the per-shard metadata parquet."""
     columns = ("__key__", "txt", "json")
     table = pa.table({c: pa.array([s.get(c) for s in samples], pa.string()) for c in columns})
-    write_table(table, url, cfg.storage_options)
+    write_parquet(table, url, cfg.storage_options)
 
 
 def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -291,7 +289,7 @@ def commit(
 ) -> dict[str, Any]:
     """Signatures and stats, then the manifest (the commit marker), then drop the scratch."""
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
-    write_signatures(fs, out, signatures)
+    write_signatures(cfg, signatures)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -313,7 +311,7 @@ def wids_index(entries: list[dict]) -> dict[str, Any]:
     return {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shards}
 
 
-def write_signatures(fs: Any, out: str, signatures: pa.Table) -> None:
+def write_signatures(cfg: BuildConfig, signatures: pa.Table) -> None:
     """signatures/part-000000.parquet: one row per input sample, with its fate."""
     names = {
         "__key__": "key",
@@ -324,9 +322,8 @@ def write_signatures(fs: Any, out: str, signatures: pa.Table) -> None:
     }
     keep = [c for c in signatures.column_names if c in names or not c.startswith("__")]
     table = signatures.select(keep).rename_columns([names.get(c, c) for c in keep])
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    write_bytes_atomic(fs, join(out, "signatures", "part-000000.parquet"), buffer.getvalue())
+    url = join(cfg.output.path, "signatures", "part-000000.parquet")
+    write_parquet(table, url, cfg.storage_options)
 
 
 class PhaseTimer:

@@ -18,6 +18,7 @@ from pipeline.demo_data import make_demo_images
 from pipeline.objectstore import LocalS3
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+DEMO_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train_clip.yaml"
 BUCKET = "demo"
 
 
@@ -49,9 +50,6 @@ def run_demo(out: str, samples: int = 500, steps: int = 40) -> int:
         f"everything is under {root}"
     )
     return 0
-
-
-DEMO_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train_clip.yaml"
 
 
 def build_overrides(root: Path, s3: LocalS3) -> list[str]:

@@ -35,7 +35,7 @@ def run_tasks(
 
     Plain tasks rather than a Ray Data `map_batches`: measured here, Ray Data's streaming
     executor held this one-partition-per-task workload to fewer concurrent tasks than CPUs
-    (BENCHMARKS.md). Media bytes never pass through Ray's object store, only signature rows.
+    (BENCHMARKS.md). Tasks write their own outputs to storage; only small tables come back.
     A bounded window keeps the scheduler's queue and the driver's memory small.
     """
     window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)

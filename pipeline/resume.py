@@ -90,13 +90,6 @@ def done_parts(work_url: str, storage_options: dict) -> set[int]:
     }
 
 
-def write_table(table: pa.Table, url: str, storage_options: dict) -> None:
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    fs, path = filesystem(url, storage_options)
-    write_bytes_atomic(fs, path, buffer.getvalue())
-
-
 def read_signatures(work_url: str, parts: list[int], storage_options: dict) -> pa.Table:
     """All partitions' signature rows, read back from storage (one batched fetch)."""
     fs, folder = filesystem(join(work_url, "signatures"), storage_options)

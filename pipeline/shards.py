@@ -17,7 +17,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.storage import filesystem, join, put_file_atomic, with_retries
+from pipeline.storage import filesystem, join, put_file_atomic, with_retries, write_parquet
 
 TAR_END_BYTES = 1024  # two zero blocks close a tar
 
@@ -117,27 +117,27 @@ def write_shard(spec: dict, candidates_url: str, output_url: str, storage_option
         fs, path = filesystem(join(output_url, spec["name"]), storage_options)
         put_file_atomic(fs, local, path)
         metadata = spec_metadata(candidates_url, spec, storage_options)
-        write_metadata_parquet(fs, path.removesuffix(".tar") + ".parquet", metadata, tmp)
+        meta_url = join(output_url, spec["name"].removesuffix(".tar") + ".parquet")
+        write_parquet(metadata_table(metadata), meta_url, storage_options)
     return {"name": spec["name"], "samples": spec["samples"], "bytes": size, "sha256": digest}
 
 
-def write_metadata_parquet(fs: Any, path: str, rows: list[dict[str, Any]], tmp: str) -> None:
+def metadata_table(rows: list[dict[str, Any]]) -> pa.Table:
     """Scalar JSON values keep their type; lists, dicts and mixed columns become JSON text."""
     names = sorted({name for row in rows for name in row}, key=lambda n: (n != "key", n))
-    columns = {}
-    for name in names:
-        values = [row.get(name) for row in rows]
-        try:
-            columns[name] = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            columns[name] = pa.array([None if v is None else json.dumps(v) for v in values])
-        if pa.types.is_nested(columns[name].type):
-            columns[name] = pa.array([None if v is None else json.dumps(v) for v in values])
-    local = os.path.join(tmp, "meta.parquet")
-    pq.write_table(
-        pa.table(columns) if names else pa.table({"key": pa.array([], pa.string())}), local
-    )
-    put_file_atomic(fs, local, path)
+    if not names:
+        return pa.table({"key": pa.array([], pa.string())})
+    return pa.table({name: metadata_column([row.get(name) for row in rows]) for name in names})
+
+
+def metadata_column(values: list[Any]) -> pa.Array:
+    try:
+        array = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        array = None
+    if array is None or pa.types.is_nested(array.type):
+        array = pa.array([None if v is None else json.dumps(v) for v in values])
+    return array
 
 
 def file_sha256(path: str) -> str:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from pipeline.config import SourceConfig
 from pipeline.config_io import ConfigError
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
-from pipeline.storage import filesystem
+from pipeline.storage import filesystem, protocol_of, with_protocol
 from stages.base import DROP, DROP_STAGE
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
@@ -42,10 +42,8 @@ def read_table(fs: Any, path: str, text_columns: tuple[str, ...] = ()) -> pa.Tab
             return pq.read_table(src)
         if fmt == "jsonl":
             return pajson.read_json(src)
-        header = pacsv.read_csv(
-            src, parse_options=csv_parse(fmt), read_options=pacsv.ReadOptions(block_size=1 << 16)
-        )
-    columns = {c: pa.binary() for c in text_columns if c in header.column_names}
+        names = pacsv.open_csv(src, parse_options=csv_parse(fmt)).schema.names  # first block
+    columns = {c: pa.binary() for c in text_columns if c in names}
     with fs.open(path, "rb", compression=compression) as src:
         return pacsv.read_csv(
             src,
@@ -87,7 +85,7 @@ def count_rows(fs: Any, path: str, cfg: SourceConfig) -> int:
 def plan_urls(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
     """Partitions of `files_per_task` rows: (file, first row in file, rows, first global row)."""
     fs, paths = list_url_files(cfg, storage_options)
-    protocol = cfg.path.split("://", 1)[0] if "://" in cfg.path else "file"
+    protocol = protocol_of(cfg.path)
     parts: list[dict[str, Any]] = []
     first_global = 0
     for path in paths:
@@ -113,8 +111,7 @@ def plan_urls(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[s
 
 def read_urls(part: dict[str, Any], storage_options: dict[str, Any]) -> dict[str, list]:
     """One partition's rows as samples: key, url, caption and the other columns as JSON."""
-    url = part["file"] if part["protocol"] == "file" else f"{part['protocol']}://{part['file']}"
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)
     columns = (part["url_column"], part["caption_column"])
     rows = read_table(fs, path, columns).slice(part["start"], part["count"]).to_pylist()
     batch = empty_batch()

@@ -17,7 +17,13 @@ from pipeline.config import SourceConfig
 from pipeline.config_io import ConfigError
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
 from pipeline.source_urls import plan_urls, read_urls
-from pipeline.storage import filesystem, transient_errors, with_retries
+from pipeline.storage import (
+    filesystem,
+    protocol_of,
+    transient_errors,
+    with_protocol,
+    with_retries,
+)
 from pipeline.tario import EXT_ALIASES, iter_tar_samples
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Batch
 
@@ -32,8 +38,9 @@ def plan_images(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict
     fs, root = filesystem(cfg.path, storage_options)
     if not fs.isdir(root):
         raise ConfigError(f"source.path: folder not found: {cfg.path}")
-    files = sorted(p for p in fs.find(root) if p.rpartition(".")[2].lower() in IMAGE_EXTS)
-    texts = {p for p in fs.find(root) if p.endswith(".txt")}
+    listing = fs.find(root)  # once: on object stores every listing is many requests
+    files = sorted(p for p in listing if p.rpartition(".")[2].lower() in IMAGE_EXTS)
+    texts = {p for p in listing if p.endswith(".txt")}
     root = root.rstrip("/")
     entries = []
     for path in files:
@@ -65,17 +72,9 @@ def disambiguate_keys(entries: list[dict[str, Any]]) -> None:
             entry["key"] = sanitize_key(entry["rel"])
 
 
-def protocol_of(url: str) -> str:
-    return url.split("://", 1)[0] if "://" in url else "file"
-
-
-def full_url(part: dict[str, Any], path: str) -> str:
-    return path if part["protocol"] == "file" else f"{part['protocol']}://{path}"
-
-
 def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
     """Read one partition's image bytes and captions (one batched `cat` per partition)."""
-    fs, _ = filesystem(full_url(part, part["root"]), storage_options)
+    fs, _ = filesystem(with_protocol(part["protocol"], part["root"]), storage_options)
     root = part["root"]
     wanted = [f"{root}/{e['rel']}" for e in part["entries"]]
     wanted += [f"{root}/{e['rel'].rpartition('.')[0]}.txt" for e in part["entries"] if e["txt"]]
@@ -133,7 +132,7 @@ def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
 def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
     """Stream one tar. A transient storage error restarts the stream (bounded); a damaged tar
     keeps the samples before the damage and counts one `corrupt_tar` error."""
-    fs, path = filesystem(full_url(part, part["tar"]), storage_options)
+    fs, path = filesystem(with_protocol(part["protocol"], part["tar"]), storage_options)
     transient = transient_errors()
     for attempt in range(3):
         batch = empty_batch()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import time
@@ -9,7 +10,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from pipeline.config_io import ConfigError
@@ -123,8 +125,21 @@ def redact(value: Any) -> Any:
     return value
 
 
-def open_url(url: str, storage_options: dict[str, Any] | None = None, mode: str = "rb") -> Any:
-    return fsspec.open(url, mode, **(storage_options or {}))
+def write_parquet(table: pa.Table, url: str, storage_options: dict[str, Any]) -> None:
+    """Write a table as one parquet object, atomically (signatures, metadata tables)."""
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    fs, path = filesystem(url, storage_options)
+    write_bytes_atomic(fs, path, buffer.getvalue())
+
+
+def protocol_of(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else "file"
+
+
+def with_protocol(protocol: str, path: str) -> str:
+    """A path from a filesystem listing back into a URL that `filesystem` accepts."""
+    return path if protocol == "file" else f"{protocol}://{path}"
 
 
 def remove_tree(fs: Any, path: str) -> None:

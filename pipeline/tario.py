@@ -75,8 +75,3 @@ def write_tar(samples: Iterable[dict[str, Any]], fileobj: IO[bytes]) -> list[tup
                 add_member(tar, name, data)
             spans.append((start, tar.offset - start))
     return spans
-
-
-def sample_tar_bytes(sample: dict[str, Any]) -> int:
-    """Bytes a sample occupies inside a tar: a 512-byte header + padded data per member."""
-    return sum(512 + -(-len(data) // 512) * 512 for _, data in sample_members(sample))

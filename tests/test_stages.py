@@ -10,7 +10,7 @@ from PIL import Image
 from pipeline.config_io import ConfigError
 from pipeline.shards import TAR_END_BYTES, plan_shards
 from pipeline.sources import empty_batch, sanitize_key
-from pipeline.tario import iter_tar_samples, sample_tar_bytes, split_member_name, write_tar
+from pipeline.tario import iter_tar_samples, sample_members, split_member_name, write_tar
 from stages.base import DROP, DROP_STAGE
 from stages.registry import build_stage, build_stages
 
@@ -180,6 +180,11 @@ def test_plan_shards_exhaustive_small_cases():
             ranges = plan_shards([700] * n, max_samples, max_bytes=10_000)
             assert [e - s for s, e in ranges][:-1] == [max_samples] * (len(ranges) - 1)
             assert sum(e - s for s, e in ranges) == n
+
+
+def sample_tar_bytes(sample) -> int:
+    """Bytes a sample occupies in a tar: a 512-byte header + padded data per member."""
+    return sum(512 + -(-len(data) // 512) * 512 for _, data in sample_members(sample))
 
 
 def test_tar_roundtrip_and_size_estimate(tmp_path):

@@ -18,12 +18,11 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.tario import iter_tar_samples
+from stages.base import IMAGE_COLUMNS
 from trainer.config import DataConfig
 from trainer.manifest import Manifest
 
 log = logging.getLogger(__name__)
-
-IMAGE_COLUMNS = ("jpg", "jpeg", "png", "webp")
 
 
 def shard_order(urls: Sequence[str], seed: int, epoch: int) -> list[str]:
