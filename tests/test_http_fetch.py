@@ -109,3 +109,10 @@ def test_connections_dial_only_the_vetted_addresses(corpus):
     assert status == 200 and body == corpus.files["/img/good"][0]
     with pytest.raises(OSError):  # no vetted address: nothing is dialled
         exchange(Connections(), url, policy, addresses=())
+
+
+def test_tls_to_a_plain_http_server_is_ssl_error(corpus):
+    corpus.serve("/img/good", photo_bytes())
+    url = f"https://127.0.0.1:{corpus.server_address[1]}/img/good"
+    result = fetch(Connections(), url, FetchPolicy(allow_private_addresses=True, retries=0))
+    assert result.reason == "ssl_error"

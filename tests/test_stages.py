@@ -206,3 +206,14 @@ def test_member_names_and_keys():
     assert split_member_name("a/b/abc.seg.jpg") == ("a/b/abc", "seg.jpg")
     assert split_member_name("00001.JPG") == ("00001", "jpg")
     assert sanitize_key("dir/photo.v2 final") == "dir_photo_v2_final"
+
+
+def test_decode_image_side_limits():
+    stage = build_stage({"name": "decode_image", "max_side": 250, "min_side": 50})
+    out = stage(batch_of([jpeg((300, 200)), jpeg((40, 200)), jpeg((240, 200))]))
+    assert out[DROP] == ["too_big", "too_small", None]
+
+
+def test_download_without_url_is_no_url():
+    stage = build_stage({"name": "download"})  # an images source has no url column
+    assert stage(batch_of([jpeg()]))[DROP] == ["no_url"]
