@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import BuildConfig
 from pipeline.config_io import ConfigError
+from pipeline.mapreduce import RayRunner
 from pipeline.raysession import connect, run_tasks
 from pipeline.resume import (
     WORK_DIR,
@@ -195,6 +196,11 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         "__offset__": pa.int64(),
         "sha256": pa.string(),
         "url": pa.string(),
+        "phash": pa.uint64(),
+        "width": pa.int64(),
+        "height": pa.int64(),
+        "clip_score": pa.float32(),
+        "embedding": pa.list_(pa.float32()),
     }
     columns = [c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE]
     columns += [c for c in ("__bytes__", "__offset__") if c not in columns]
@@ -214,8 +220,9 @@ def phase_b(signatures: pa.Table, stages: list[Stage]) -> pa.Table:
     signatures = with_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
     duplicate_of: list[str | None] = [None] * signatures.num_rows
     keys = signatures["__key__"].to_pylist()
+    runner = RayRunner()
     for stage in (s for s in stages if s.is_global):
-        decided = stage.decide(signatures)
+        decided = stage.decide(signatures, runner)
         for i, key in enumerate(keys):
             if key in decided and drops[i] is None:
                 drops[i], duplicate_of[i] = decided[key]

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
+from pipeline.mapreduce import Runner
+
 Batch = dict[str, list[Any]]
 
 # Media columns a sample may carry; sources fill the one matching the file type.
@@ -52,8 +54,11 @@ class Stage:
     def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
         raise NotImplementedError
 
-    def decide(self, signatures: pa.Table) -> dict[str, tuple[str, str | None]]:
-        """Global stages: map key -> (drop reason, kept key) over live signature rows."""
+    def decide(
+        self, signatures: pa.Table, runner: Runner | None = None
+    ) -> dict[str, tuple[str, str | None]]:
+        """Global stages: map key -> (drop reason, kept key) over live signature rows. Heavy
+        work goes through `runner` (Ray tasks in a build, in-process when None)."""
         return {}
 
     @property

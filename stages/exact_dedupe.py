@@ -1,34 +1,45 @@
-"""exact_dedupe: sha256 of the media bytes per sample, then one survivor per hash globally.
+"""exact_dedupe: sha256 per sample, then one survivor per hash across the whole dataset.
 
-The per-sample part adds a `sha256` column. The global part runs on the signatures table
-after every per-sample stage (phase B): within each hash group the smallest key is kept.
+Per sample: `sha256` of the media bytes (`of: bytes`), or of the decoded pixels (`of: pixels`:
+RGB size and values, so the same picture saved twice by different encoders still matches).
+Globally (phase B, signatures only): rows are hash-partitioned by their sha256 across reduce
+tasks and each reduce keeps the smallest key per hash (identical images tie on every other
+keep criterion). Memory: a reduce holds its share of (key, sha256) rows, about 256 MiB.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+from functools import partial
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from PIL import Image
 
-from stages.base import DROP, Batch, Stage, StageOptions, media_column, register
+from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from stages.base import Batch, Stage, StageOptions, media_column, register
+from stages.dedupe_common import Decisions, live_rows
+
+HEX_PAIRS = pa.array([f"{i:02x}" for i in range(256)])
 
 
 class ExactDedupeOptions(StageOptions):
-    pass
+    of: Literal["bytes", "pixels"] = "bytes"
 
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def smallest_key_per_hash(keys: list[str], hashes: list[str]) -> dict[str, str]:
-    """hash -> the smallest key having it (the deterministic survivor)."""
-    kept: dict[str, str] = {}
-    for key, digest in zip(keys, hashes, strict=True):
-        if digest not in kept or key < kept[digest]:
-            kept[digest] = key
-    return kept
+def pixels_sha256(data: bytes) -> str:
+    """sha256 of the decoded RGB pixels and their size."""
+    with Image.open(io.BytesIO(data)) as image:
+        rgb = image.convert("RGB")
+        digest = hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode())
+        digest.update(rgb.tobytes())
+    return digest.hexdigest()
 
 
 @register
@@ -42,18 +53,46 @@ class ExactDedupe(Stage):
         reasons: list[str | None] = []
         for row in range(len(batch["__key__"])):
             col = media_column(batch, row)
-            hashes.append(sha256_hex(batch[col][row]) if col else None)
-            reasons.append(None if col else "no_image")
+            digest, reason = (None, "no_image") if col is None else self.digest(batch[col][row])
+            hashes.append(digest)
+            reasons.append(reason)
         batch["sha256"] = hashes
         return batch, reasons
 
-    def decide(self, signatures: pa.Table) -> dict[str, tuple[str, str | None]]:
-        live = signatures.filter(pc.is_null(signatures[DROP]))
-        keys = live["__key__"].to_pylist()
-        hashes = live["sha256"].to_pylist()
-        kept = smallest_key_per_hash(keys, hashes)
-        return {
-            key: ("duplicate_exact", kept[digest])
-            for key, digest in zip(keys, hashes, strict=True)
-            if kept[digest] != key
-        }
+    def digest(self, data: bytes) -> tuple[str | None, str | None]:
+        if self.options.of == "bytes":
+            return sha256_hex(data), None
+        try:
+            return pixels_sha256(data), None
+        except (OSError, ValueError, Image.DecompressionBombError):
+            return None, "decode_error"
+
+    def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
+        live = live_rows(signatures, "sha256").select(["__key__", "sha256"])
+        runner = runner or LocalRunner()
+        partitions = partitions_for(live.nbytes, runner)
+        blocks = [live.slice(a, b - a) for a, b in split_range(live.num_rows, 1 << 20)]
+        mapper = partial(route_by_hash, partitions=partitions)
+        decided: Decisions = {}
+        for table in runner.map_reduce(blocks, mapper, smallest_key_per_hash, partitions):
+            keys, kept = table["__key__"].to_pylist(), table["kept"].to_pylist()
+            decided.update(zip(keys, kept, strict=True))
+        return {key: ("duplicate_exact", kept) for key, kept in decided.items()}
+
+
+def route_by_hash(block: pa.Table, partitions: int) -> list[pa.Table]:
+    """Split rows by the first byte of their sha256, so equal hashes meet in one reduce."""
+    if partitions == 1:
+        return [block]
+    first_byte = pc.index_in(pc.utf8_slice_codeunits(block["sha256"], 0, 2), value_set=HEX_PAIRS)
+    part = first_byte.to_numpy(zero_copy_only=False) % partitions
+    return [block.filter(pa.array(part == p)) for p in range(partitions)]
+
+
+def smallest_key_per_hash(tables: list[pa.Table]) -> pa.Table:
+    """(key, kept) for each row whose hash has a smaller key elsewhere in the partition."""
+    rows = pa.concat_tables(tables)
+    smallest = rows.group_by("sha256").aggregate([("__key__", "min")])
+    joined = rows.join(smallest.rename_columns(["sha256", "kept"]), "sha256")
+    dropped = joined.filter(pc.not_equal(joined["__key__"], joined["kept"]))
+    return dropped.select(["__key__", "kept"])

@@ -10,6 +10,8 @@ import stages.caption_filter  # noqa: F401  (registers)
 import stages.decode_image  # noqa: F401
 import stages.download  # noqa: F401
 import stages.exact_dedupe  # noqa: F401
+import stages.near_dedupe  # noqa: F401
+import stages.semantic_dedupe  # noqa: F401
 from pipeline.config_io import ConfigError, describe_validation_error
 from stages.base import _REGISTRY, Stage
 

@@ -1,0 +1,64 @@
+"""What every dedupe shares: which item of a group survives, and the decisions it produces.
+
+Keep policy (deterministic, so a rerun decides the same): highest `clip_score` when the build
+has one, else the largest resolution (`width * height`), else the smallest key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stages.base import DROP
+
+Decisions = dict[str, tuple[str, str | None]]
+
+
+def live_rows(signatures: pa.Table, *required: str) -> pa.Table:
+    """Rows not dropped so far that have every `required` column set."""
+    mask = pc.is_null(signatures[DROP])
+    for column in required:
+        if column not in signatures.column_names:
+            return signatures.slice(0, 0)
+        mask = pc.and_(mask, pc.is_valid(signatures[column]))
+    return signatures.filter(mask)
+
+
+def priority_rank(table: pa.Table) -> np.ndarray:
+    """rank[i] = position of row i in keep order (0 = keep first)."""
+    sort_keys, columns = [], {}
+    if "clip_score" in table.column_names:
+        columns["score"] = pc.fill_null(pc.cast(table["clip_score"], pa.float64()), -np.inf)
+        sort_keys.append(("score", "descending"))
+    if "width" in table.column_names and "height" in table.column_names:
+        area = pc.multiply(
+            pc.fill_null(pc.cast(table["width"], pa.int64()), 0),
+            pc.fill_null(pc.cast(table["height"], pa.int64()), 0),
+        )
+        columns["area"] = area
+        sort_keys.append(("area", "descending"))
+    columns["key"] = table["__key__"]
+    sort_keys.append(("key", "ascending"))
+    order = pc.sort_indices(pa.table(columns), sort_keys=sort_keys).to_numpy()
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
+
+
+def keepers(labels: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """For each row, the row kept in its group (lowest rank among rows with its label)."""
+    order = np.lexsort((rank, labels))
+    sorted_labels = labels[order]
+    first = np.concatenate(([True], sorted_labels[1:] != sorted_labels[:-1]))
+    group_first = order[np.flatnonzero(first)]
+    group_index = np.cumsum(first) - 1
+    keeper = np.empty(len(labels), np.int64)
+    keeper[order] = group_first[group_index]
+    return keeper
+
+
+def group_decisions(keys: list[str], keeper: np.ndarray, reason: str) -> Decisions:
+    """key -> (reason, kept key) for every row whose group keeps another row."""
+    dropped = np.flatnonzero(keeper != np.arange(len(keeper)))
+    return {keys[i]: (reason, keys[int(keeper[i])]) for i in dropped}

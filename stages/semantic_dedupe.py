@@ -1,0 +1,103 @@
+"""semantic_dedupe (SemDeDup): drop images whose CLIP embedding nearly repeats a kept one's.
+
+Per sample: an `embedding` column (normalized CLIP image embedding). A stage that already
+computed one (clip_score) is reused; otherwise this stage embeds with `model`/`pretrained`.
+Globally (phase B, signatures only): spherical k-means (faiss) on a sample, every row to its
+nearest centroid, clusters hash-partitioned across reduce tasks, and in each cluster the
+greedy rule of `stages.semdedup` in keep-priority order (`stages.dedupe_common`).
+
+Memory: the driver holds the signatures (embeddings included: dim x 4 bytes a row); a reduce
+task holds its clusters' embeddings, about 256 MiB, plus a block x block matrix, so one very
+large cluster costs its embeddings, never its n x n similarities.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from functools import partial
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from stages.base import Batch, Stage, StageOptions, media_column, register
+from stages.clip_embed import embed_images
+from stages.dedupe_common import Decisions, live_rows, priority_rank
+from stages.semdedup import map_block, normalize, reduce_clusters, train_centroids
+
+log = logging.getLogger("mmcurate.semantic_dedupe")
+
+
+class SemanticDedupeOptions(StageOptions):
+    eps: float = Field(0.05, gt=0, lt=1, description="drop when cosine >= 1 - eps to a kept one")
+    clusters: int | None = Field(None, ge=1, description="k-means clusters; default n/cluster_size")
+    cluster_size: int = Field(10_000, ge=1, description="average cluster size when clusters unset")
+    niter: int = Field(20, ge=1, description="k-means iterations")
+    seed: int = 0
+    model: str = "ViT-B-32"
+    pretrained: str | None = "laion2b_s34b_b79k"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    batch_size: int = Field(64, ge=1)
+
+
+@register
+class SemanticDedupe(Stage):
+    name = "semantic_dedupe"
+    Options = SemanticDedupeOptions
+    is_global = True
+
+    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+        size = len(batch["__key__"])
+        existing = batch.get("embedding") or [None] * size
+        todo = [i for i in range(size) if existing[i] is None and media_column(batch, i)]
+        opts = self.options
+        images = [batch[media_column(batch, i)][i] for i in todo]
+        vectors, errors = embed_images(
+            images, opts.model, opts.pretrained, opts.device, opts.batch_size
+        )
+        embeddings = list(existing)
+        reasons: list[str | None] = [None if e is not None else "no_image" for e in existing]
+        for i, vector, error in zip(todo, vectors, errors, strict=True):
+            embeddings[i], reasons[i] = vector, error
+        batch["embedding"] = embeddings
+        return batch, reasons
+
+    def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
+        live = live_rows(signatures, "embedding")
+        if live.num_rows < 2:
+            return {}
+        opts = self.options
+        x = normalize(np.stack(live["embedding"].to_numpy(zero_copy_only=False)))
+        clusters = opts.clusters or math.ceil(len(x) / opts.cluster_size)
+        centroids = train_centroids(x, clusters, opts.seed, opts.niter)
+        log.info("semantic_dedupe: %d embeddings in %d clusters", len(x), len(centroids))
+        dropped, kept = semantic_pairs(x, priority_rank(live), centroids, opts.eps, runner)
+        keys = live["__key__"].to_pylist()
+        return {
+            keys[d]: ("duplicate_semantic", keys[k]) for d, k in zip(dropped, kept, strict=True)
+        }
+
+
+def semantic_pairs(
+    x: np.ndarray,
+    ranks: np.ndarray,
+    centroids: np.ndarray,
+    eps: float,
+    runner: Runner | None = None,
+) -> tuple[list[int], list[int]]:
+    """(dropped row, kept row) pairs: clusters routed to reduces, the rule run in each."""
+    runner = runner or LocalRunner()
+    blocks = [(x[a:b], ranks[a:b], a) for a, b in split_range(len(x), 1 << 16)]
+    partitions = partitions_for(x.nbytes, runner)
+    results = runner.map_reduce(
+        blocks,
+        partial(map_block, centroids=centroids, partitions=partitions),
+        partial(reduce_clusters, eps=eps),
+        partitions,
+    )
+    dropped = np.concatenate([d for d, _ in results])
+    kept = np.concatenate([k for _, k in results])
+    return dropped.tolist(), kept.tolist()

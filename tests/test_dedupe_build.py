@@ -1,0 +1,81 @@
+"""Global dedupe inside real builds on the session Ray: duplicates in different tasks."""
+
+import io
+
+import pyarrow.parquet as pq
+from PIL import Image
+
+from pipeline.build import run_build
+from pipeline.config import BuildConfig
+from pipeline.demo_data import source_photo
+
+
+def save(folder, key: str, image: Image.Image, fmt: str = "JPEG", **opts) -> None:
+    out = io.BytesIO()
+    image.save(out, fmt, **opts)
+    ext = "png" if fmt == "PNG" else "jpg"
+    (folder / f"{key}.{ext}").write_bytes(out.getvalue())
+    (folder / f"{key}.txt").write_text(f"a photo called {key}")
+
+
+def photo_folder(tmp_path):
+    """Ten distinct photos; an exact copy and near copies placed far apart in key order."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    names = ["astronaut", "coffee", "rocket", "chelsea", "coins", "camera", "clock", "brick"]
+    for i, name in enumerate(names):
+        save(folder, f"m{i}_{name}", source_photo(name).convert("RGB").resize((256, 256)))
+    (folder / "zz_copy.jpg").write_bytes((folder / "m0_astronaut.jpg").read_bytes())
+    (folder / "zz_copy.txt").write_text("the same bytes again")
+    coffee = source_photo("coffee").convert("RGB").resize((256, 256))
+    save(folder, "a_coffee_small", coffee.resize((160, 160)))
+    save(folder, "zz_coffee_q40", coffee, quality=40)
+    save(folder, "zz_coffee_png", coffee, "PNG")
+    return folder
+
+
+def build(folder, out, stages, overwrite=False):
+    cfg = BuildConfig.model_validate(
+        {
+            "source": {"kind": "images", "path": str(folder), "files_per_task": 3},
+            "stages": stages,
+            "output": {"path": str(out), "overwrite": overwrite},
+        }
+    )
+    manifest = run_build(cfg, progress=False)
+    rows = pq.read_table(out / "signatures").to_pylist()
+    return manifest, {r["key"]: (r["drop_reason"], r["duplicate_of"]) for r in rows}
+
+
+def test_exact_then_near_across_tasks_and_rerun_identical(ray_session, tmp_path):
+    folder = photo_folder(tmp_path)
+    stages = [{"name": "exact_dedupe"}, {"name": "near_dedupe", "radius": 8}]
+    manifest, fate = build(folder, tmp_path / "out", stages)
+    dropped = {k: v for k, v in fate.items() if v[0]}
+    assert dropped == {
+        "zz_copy": ("duplicate_exact", "m0_astronaut"),
+        "a_coffee_small": ("duplicate_near", "m1_coffee"),  # the larger image is kept
+        "zz_coffee_q40": ("duplicate_near", "m1_coffee"),
+        "zz_coffee_png": ("duplicate_near", "m1_coffee"),
+    }
+    assert manifest["samples"] == 8
+    _, again = build(folder, tmp_path / "out", stages, overwrite=True)
+    assert again == fate
+
+
+def test_semantic_dedupe_in_a_build_drops_identical_embeddings(ray_session, tmp_path):
+    folder = photo_folder(tmp_path)
+    semantic = {
+        "name": "semantic_dedupe",
+        "model": "mmcurate-tiny",
+        "pretrained": None,
+        "device": "cpu",
+        "eps": 1e-4,
+        "clusters": 1,
+    }
+    manifest, fate = build(folder, tmp_path / "out", [semantic])
+    assert fate["zz_copy"] == ("duplicate_semantic", "m0_astronaut")
+    assert manifest["samples"] == len(fate) - sum(1 for v in fate.values() if v[0])
+    table = pq.read_table(tmp_path / "out" / "signatures")
+    assert table.schema.field("embedding").type.value_type.bit_width == 32
+    assert len(table["embedding"][0].as_py()) == 64
