@@ -1,7 +1,7 @@
 """Distinct real photos and injected near-duplicates, for the near-dedupe benches.
 
-Originals: non-overlapping 96 px tiles of the scikit-image photos (every photo bundled with
-scikit-image, no download), enlarged to 192 px, minus near-blank tiles (pixel std < 12: a
+Originals: non-overlapping 96 px (or `tile`) tiles of the scikit-image photos (all bundled
+with scikit-image, no download), enlarged to 192 px, minus near-blank tiles (pixel std < 12: a
 patch of sky or black space is not a distinct photo). With `orientations=4`, each tile also
 appears mirrored left-right, top-bottom and rotated 180 degrees, as separate originals (their
 pHashes are unrelated), for bigger sets. Variants, one transform each:
@@ -36,19 +36,19 @@ class Item:
     data: bytes
 
 
-def tiles(orientations: int = 1) -> Iterator[Image.Image]:
+def tiles(orientations: int = 1, tile: int = TILE) -> Iterator[Image.Image]:
     flips = [lambda im: im, ImageOps.mirror, ImageOps.flip, lambda im: im.rotate(180)]
     for name in SUBJECTS:
         photo = source_photo(name).convert("RGB")
         w, h = photo.size
-        for y in range(0, h - TILE + 1, TILE):
-            for x in range(0, w - TILE + 1, TILE):
-                tile = photo.crop((x, y, x + TILE, y + TILE))
-                if np.asarray(tile.convert("L"), np.float32).std() < 12:
+        for y in range(0, h - tile + 1, tile):
+            for x in range(0, w - tile + 1, tile):
+                patch = photo.crop((x, y, x + tile, y + tile))
+                if np.asarray(patch.convert("L"), np.float32).std() < 12:
                     continue
-                tile = tile.resize((SIDE, SIDE), Image.Resampling.BICUBIC)
+                patch = patch.resize((SIDE, SIDE), Image.Resampling.BICUBIC)
                 for flip in flips[:orientations]:
-                    yield flip(tile)
+                    yield flip(patch)
 
 
 def jpeg(image: Image.Image, quality: int) -> bytes:
@@ -82,17 +82,22 @@ def variant(image: Image.Image, transform: str, rng: np.random.Generator) -> byt
 
 
 def make_items(
-    variants_per_original: int = 2, orientations: int = 1, seed: int = 0, limit: int | None = None
+    variants_per_original: int = 2,
+    orientations: int = 1,
+    seed: int = 0,
+    limit: int | None = None,
+    tile: int = TILE,
 ) -> list[Item]:
     """Originals plus `variants_per_original` variants each, transforms drawn at random."""
     rng = np.random.default_rng(seed)
     items: list[Item] = []
-    for group, tile in enumerate(tiles(orientations)):
+    for group, patch in enumerate(tiles(orientations, tile)):
         if limit is not None and group >= limit:
             break
         kinds = rng.choice(TRANSFORMS, size=variants_per_original, replace=False)
-        original = png(tile) if "png2jpeg" in kinds else jpeg(tile, 95)
+        original = png(patch) if "png2jpeg" in kinds else jpeg(patch, 95)
         items.append(Item(f"g{group:05d}-0", group, "original", original))
         for i, kind in enumerate(kinds):
-            items.append(Item(f"g{group:05d}-{i + 1}", group, str(kind), variant(tile, kind, rng)))
+            data = variant(patch, kind, rng)
+            items.append(Item(f"g{group:05d}-{i + 1}", group, str(kind), data))
     return items

@@ -10,6 +10,7 @@ import yaml
 
 from pipeline.config import load_build_config
 from pipeline.config_io import ConfigError, parse_override
+from stages.registry import build_stages
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "demo.yaml"
@@ -35,7 +36,14 @@ def test_demo_config_loads_with_overrides():
     )
     assert cfg.output.shard_max_samples == 7
     assert cfg.stages[0]["quality"] == 70
-    assert [s["name"] for s in cfg.stages] == ["decode_image", "caption_filter", "exact_dedupe"]
+    names = [s["name"] for s in cfg.stages]
+    assert names == ["decode_image", "caption_filter", "exact_dedupe", "near_dedupe"]
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "laion_ingest.yaml", "laion_dedupe.yaml"])
+def test_shipped_build_configs_validate_with_every_stage(name):
+    cfg = load_build_config(REPO / "configs" / name, [])
+    build_stages(cfg.stages)  # every stage's options validate
 
 
 def test_override_parsing():
