@@ -21,8 +21,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.actors import start_pools, stop_pools
 from pipeline.config import BuildConfig
 from pipeline.config_io import ConfigError
+from pipeline.embeddings import EMBEDDING_COLUMNS, write_embeddings
 from pipeline.mapreduce import RayRunner
 from pipeline.raysession import connect, run_tasks
 from pipeline.resume import (
@@ -62,7 +64,7 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a whole build; returns the manifest. Config problems raise ConfigError
     before anything runs; rerunning a finished build returns its manifest untouched."""
     stages = build_stages(cfg.stages)
-    parts = preflight(cfg)
+    parts = preflight(cfg, stages)
     identity = build_identity(cfg, parts)
     try:
         claim_output(cfg, identity)
@@ -72,7 +74,7 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     connect(cfg.ray)
     timer = PhaseTimer()
     work_url = join(cfg.output.path, WORK_DIR)
-    signatures = timer.run("candidates", phase_a, cfg, parts, work_url, progress)
+    signatures = timer.run("candidates", phase_a, cfg, stages, parts, work_url, progress)
     signatures = timer.run("decide", phase_b, signatures, stages)
     entries, shard_of = timer.run("shards", phase_c, cfg, signatures, work_url, progress)
     signatures = with_columns(
@@ -83,8 +85,10 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     return timer.run("commit", commit, cfg, signatures, entries, stats, work_url, identity)
 
 
-def preflight(cfg: BuildConfig) -> list[dict[str, Any]]:
-    """Fail fast, before Ray starts: storage reachable, source non-empty."""
+def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
+    """Fail fast, before Ray starts: models load, storage reachable, source non-empty."""
+    for stage in stages:
+        stage.check()
     check_reachable(cfg.source.path, cfg.storage_options, "source.path")
     check_reachable(cfg.output.path, cfg.storage_options, "output.path")
     parts = plan_source(cfg.source, cfg.storage_options)
@@ -96,22 +100,40 @@ def preflight(cfg: BuildConfig) -> list[dict[str, Any]]:
 # ---- phase A -------------------------------------------------------------------------------
 
 
-def phase_a(cfg: BuildConfig, parts: list[dict], work_url: str, progress: bool) -> pa.Table:
-    """Process the partitions not done by an earlier run; read every partition's signatures."""
+def phase_a(
+    cfg: BuildConfig, stages: list[Stage], parts: list[dict], work_url: str, progress: bool
+) -> pa.Table:
+    """Process the partitions not done by an earlier run; read every partition's signatures.
+    Model stages that want an actor pool get one for this phase."""
     done = done_parts(work_url, cfg.storage_options)
     todo = [json.dumps(p) for p in parts if p["part"] not in done]
     if done:
         log.info("resuming: %d of %d partitions already done", len(done), len(parts))
-    task = partial(process_parts, cfg_json=cfg.model_dump_json(), work_url=work_url)
-    run_tasks(todo, task, "partitions", progress)
+    encoders = start_pools(stages) if todo else {}
+    try:
+        task = partial(
+            process_parts, cfg_json=cfg.model_dump_json(), work_url=work_url, encoders=encoders
+        )
+        run_tasks(todo, task, "partitions", progress)
+    finally:
+        stop_pools(encoders)
     return read_signatures(work_url, [p["part"] for p in parts], cfg.storage_options)
 
 
-def process_parts(items: list[str], cfg_json: str, work_url: str) -> pa.Table:
+def process_parts(
+    items: list[str], cfg_json: str, work_url: str, encoders: dict | None = None
+) -> pa.Table:
     """Ray task body: process each partition given as JSON; returns a row count per part."""
     cfg = BuildConfig.model_validate_json(cfg_json)
     stages = stages_for(cfg_json)
-    counts = [process_partition(json.loads(item), cfg, stages, work_url) for item in items]
+    counts = []
+    for item in items:
+        part = json.loads(item)
+        for stage in stages:
+            if encoders and stage.index in encoders:
+                stage.encoder = encoders[stage.index]
+                stage.encoder.start_at(part["part"])
+        counts.append(process_partition(part, cfg, stages, work_url))
     return pa.table({"rows": counts})
 
 
@@ -200,7 +222,8 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         "width": pa.int64(),
         "height": pa.int64(),
         "clip_score": pa.float32(),
-        "embedding": pa.list_(pa.float32()),
+        "embedding": pa.list_(pa.float16()),
+        "text_embedding": pa.list_(pa.float16()),
     }
     columns = [c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE]
     columns += [c for c in ("__bytes__", "__offset__") if c not in columns]
@@ -297,6 +320,7 @@ def commit(
     """Signatures and stats, then the manifest (the commit marker), then drop the scratch."""
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
     write_signatures(cfg, signatures)
+    write_embeddings(cfg.output.path, signatures, cfg.storage_options)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -327,7 +351,11 @@ def write_signatures(cfg: BuildConfig, signatures: pa.Table) -> None:
         DROP_STAGE: "drop_stage",
         "__bytes__": "bytes",
     }
-    keep = [c for c in signatures.column_names if c in names or not c.startswith("__")]
+    keep = [
+        c
+        for c in signatures.column_names
+        if (c in names or not c.startswith("__")) and c not in EMBEDDING_COLUMNS
+    ]
     table = signatures.select(keep).rename_columns([names.get(c, c) for c in keep])
     url = join(cfg.output.path, "signatures", "part-000000.parquet")
     write_parquet(table, url, cfg.storage_options)

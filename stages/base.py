@@ -48,6 +48,9 @@ class Stage:
         self.index = index  # position in the config's stage list, used for timing columns
         self._ready = False
 
+    def check(self) -> None:
+        """Fail fast, before any data is read (e.g. a model that cannot load): ConfigError."""
+
     def setup(self) -> None:
         """Load heavy state (models) once per worker; called lazily before the first batch."""
 

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import stages.caption_filter  # noqa: F401  (registers)
+import stages.clip_score  # noqa: F401
 import stages.decode_image  # noqa: F401
 import stages.download  # noqa: F401
 import stages.exact_dedupe  # noqa: F401

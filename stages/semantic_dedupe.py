@@ -24,7 +24,7 @@ from pydantic import Field
 
 from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import Batch, Stage, StageOptions, media_column, register
-from stages.clip_embed import embed_images
+from stages.clip_model import cached_model, check_model
 from stages.dedupe_common import Decisions, live_rows, priority_rank
 from stages.semdedup import map_block, normalize, reduce_clusters, train_centroids
 
@@ -53,17 +53,30 @@ class SemanticDedupe(Stage):
         size = len(batch["__key__"])
         existing = batch.get("embedding") or [None] * size
         todo = [i for i in range(size) if existing[i] is None and media_column(batch, i)]
-        opts = self.options
-        images = [batch[media_column(batch, i)][i] for i in todo]
-        vectors, errors = embed_images(
-            images, opts.model, opts.pretrained, opts.device, opts.batch_size
-        )
+        vectors, errors = self.embed([batch[media_column(batch, i)][i] for i in todo])
         embeddings = list(existing)
         reasons: list[str | None] = [None if e is not None else "no_image" for e in existing]
         for i, vector, error in zip(todo, vectors, errors, strict=True):
             embeddings[i], reasons[i] = vector, error
         batch["embedding"] = embeddings
         return batch, reasons
+
+    def check(self) -> None:
+        check_model(self.options.model, self.options.pretrained, f"stages.{self.index}")
+
+    def embed(self, images: list[bytes]) -> tuple[list[np.ndarray | None], list[str | None]]:
+        """Normalized float16 embeddings of the images the model can decode."""
+        opts = self.options
+        model = cached_model(opts.model, opts.pretrained, opts.device, "auto")
+        pixels, reasons = model.prepare(images)
+        vectors: list[np.ndarray | None] = [None] * len(images)
+        good = [i for i, p in enumerate(pixels) if p is not None]
+        for start in range(0, len(good), opts.batch_size):
+            rows = good[start : start + opts.batch_size]
+            embedded, _ = model.encode(np.stack([pixels[i] for i in rows]))
+            for i, vector in zip(rows, embedded, strict=True):
+                vectors[i] = vector.astype(np.float16)
+        return vectors, reasons
 
     def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
         live = live_rows(signatures, "embedding")

@@ -1,0 +1,100 @@
+"""Actor pools for model stages: the model loads once per actor, on a GPU (or CPU if asked).
+
+A stage that can use one (clip_score) gets a `RemoteEncoder` in each partition task: the task
+decodes and transforms images on its own CPU (`prepare`), and only uint8 pixels and captions
+go to an actor (`encode`), round-robin over the pool from a per-partition offset.
+
+Pool size and placement (per stage): `num_gpus` per actor (None: 1 when the cluster has GPUs,
+else 0); with GPUs, `concurrency` actors (None: as many as the GPUs allow). Without GPUs the
+model runs inside the tasks, unless `concurrency` asks for that many CPU actors (one CPU each;
+this bounds how many copies of a big model a machine holds).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import ray
+
+from pipeline.config_io import ConfigError
+from stages.base import Stage
+from stages.clip_model import ClipModel, prepare_images
+
+log = logging.getLogger("mmcurate.actors")
+
+
+class ModelActor:
+    def __init__(self, name: str, pretrained: str | None, device: str, precision: str) -> None:
+        self.model = ClipModel(name, pretrained, device, precision)
+
+    def transform(self) -> tuple[Any, int]:
+        return self.model.pil_transform, self.model.input_side
+
+    def encode(self, pixels: np.ndarray, texts: list[str] | None) -> tuple:
+        return self.model.encode(pixels, texts)
+
+
+class RemoteEncoder:
+    """Prepare here, encode in the pool's actors (what `clip_score` calls its encoder)."""
+
+    def __init__(self, actors: list, transform: Any, side: int) -> None:
+        self.actors = actors
+        self.transform = transform
+        self.side = side
+        self.turn = 0
+
+    def start_at(self, offset: int) -> None:
+        self.turn = offset
+
+    def prepare(self, images: list[bytes]) -> tuple[list, list]:
+        return prepare_images(images, self.transform, self.side)
+
+    def encode(self, pixels: np.ndarray, texts: list[str] | None) -> tuple:
+        actor = self.actors[self.turn % len(self.actors)]
+        self.turn += 1
+        return ray.get(actor.encode.remote(pixels, texts))
+
+
+def pool_shape(stage: Stage, cluster_gpus: float) -> tuple[float, int] | None:
+    """(GPUs per actor, actors) for a model stage, or None to run the model in the tasks."""
+    opts = stage.options
+    gpus = opts.num_gpus if opts.num_gpus is not None else (1.0 if cluster_gpus else 0.0)
+    if gpus > 0 and cluster_gpus <= 0:
+        raise ConfigError(
+            f"stages.{stage.index}.num_gpus: {gpus:g} per actor, but the Ray cluster has no GPU"
+        )
+    if gpus > 0:
+        return gpus, opts.concurrency or max(1, int(cluster_gpus // gpus))
+    return (0.0, opts.concurrency) if opts.concurrency else None
+
+
+def start_pools(stages: list[Stage]) -> dict[int, RemoteEncoder]:
+    """Start the actor pools the stages ask for; returns an encoder per stage index."""
+    cluster_gpus = float(ray.cluster_resources().get("GPU", 0))
+    encoders: dict[int, RemoteEncoder] = {}
+    for stage in stages:
+        if not hasattr(stage, "encoder"):
+            continue
+        shape = pool_shape(stage, cluster_gpus)
+        if shape is None:
+            continue
+        gpus, count = shape
+        opts = stage.options
+        device = "cuda" if gpus > 0 else "cpu"
+        actor_class = ray.remote(ModelActor).options(num_gpus=gpus, num_cpus=0 if gpus else 1)
+        actors = [
+            actor_class.remote(opts.model, opts.pretrained, device, opts.precision)
+            for _ in range(count)
+        ]
+        transforms = ray.get([a.transform.remote() for a in actors])  # all loaded and ready
+        log.info("%s: %d actors, %g GPU each", stage.name, count, gpus)
+        encoders[stage.index] = RemoteEncoder(actors, *transforms[0])
+    return encoders
+
+
+def stop_pools(encoders: dict[int, RemoteEncoder]) -> None:
+    for encoder in encoders.values():
+        for actor in encoder.actors:
+            ray.kill(actor)

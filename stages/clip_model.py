@@ -1,0 +1,174 @@
+"""open_clip models for the model stages (clip_score, semantic_dedupe): load, prepare, encode.
+
+Work is split so that the expensive part can live elsewhere: `prepare` (in the Ray task, on
+CPU) decodes each image and applies the model's own geometric transform (resize, crop, RGB)
+to a uint8 array; `encode` (in the task, or in a GPU actor) normalizes and runs the model,
+returning L2-normalized float32 embeddings. Only uint8 pixels cross to an actor.
+
+`pretrained` may be an open_clip tag (`laion2b_s34b_b79k`), a local open_clip checkpoint file,
+an mmcurate training checkpoint (`runs/x/checkpoints/step-100.pt`), or None: random weights,
+seeded, so every worker holds the same model. `hf-hub:org/name` model names work as in open_clip.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from pipeline.config_io import ConfigError
+
+MMCURATE_CHECKPOINT = "mmcurate-checkpoint/1"
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_open_clip(name: str, pretrained: str | None, device: str) -> tuple[Any, Any, Any]:
+    """(model in eval mode, eval transform, tokenizer); raises ConfigError in one line."""
+    import open_clip
+    import torch
+
+    import trainer.models  # noqa: F401  (registers mmcurate-tiny)
+
+    if name not in open_clip.list_models() and not name.startswith(("hf-hub:", "local-dir:")):
+        raise ConfigError(f"unknown open_clip model {name!r}")
+    state = None
+    if looks_like_path(pretrained):
+        state = local_weights(pretrained)
+        pretrained = None if state is not None else pretrained
+    logging.disable(logging.ERROR)  # open_clip logs its errors too; ours is the one line
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # without weights, every worker must draw the same random ones
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                name, pretrained=pretrained, device="cpu"
+            )
+        if state is not None:
+            model.load_state_dict(state)
+    except (RuntimeError, OSError, ValueError, KeyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"cannot load {name!r} with pretrained {pretrained!r}: {first}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+    return model.to(device).eval(), preprocess, open_clip.get_tokenizer(name)
+
+
+def looks_like_path(pretrained: str | None) -> bool:
+    if not pretrained:
+        return False
+    return os.path.sep in pretrained or pretrained.endswith((".pt", ".pth", ".bin", ".safetensors"))
+
+
+def local_weights(path: str) -> dict | None:
+    """An mmcurate training checkpoint's model weights; None for any other (open_clip) file."""
+    import torch
+
+    if not os.path.isfile(os.path.expanduser(path)):
+        raise ConfigError(f"pretrained checkpoint not found: {path}")
+    checkpoint = torch.load(os.path.expanduser(path), map_location="cpu", weights_only=False)
+    if isinstance(checkpoint, dict) and checkpoint.get("format") == MMCURATE_CHECKPOINT:
+        return checkpoint["model"]
+    return None
+
+
+def split_transform(preprocess: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The PIL part of an open_clip eval transform (before its to-tensor step), and its
+    normalization mean and std."""
+    from torchvision import transforms as T
+
+    steps = list(preprocess.transforms)
+    cut = next(i for i, s in enumerate(steps) if "ToTensor" in type(s).__name__)
+    normalize = next(s for s in steps[cut:] if isinstance(s, T.Normalize))
+    return T.Compose(steps[:cut]), np.array(normalize.mean), np.array(normalize.std)
+
+
+class ClipModel:
+    """One loaded model: `prepare` images on CPU, `encode` them (and captions) on its device."""
+
+    def __init__(
+        self, name: str, pretrained: str | None, device: str = "auto", precision: str = "auto"
+    ) -> None:
+        import torch
+
+        self.device = resolve_device(device)
+        self.model, preprocess, self.tokenizer = load_open_clip(name, pretrained, self.device)
+        self.pil_transform, mean, std = split_transform(preprocess)
+        size = self.model.visual.image_size
+        self.input_side = max(size) if isinstance(size, tuple | list) else int(size)
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
+        self.precision = precision
+
+    def prepare(self, images: list[bytes]) -> tuple[list[np.ndarray | None], list[str | None]]:
+        return prepare_images(images, self.pil_transform, self.input_side)
+
+    def encode(
+        self, pixels: np.ndarray, texts: list[str] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """uint8 [B, H, W, 3] (and B captions) -> normalized float32 image (and text) embeddings."""
+        import torch
+
+        with torch.inference_mode(), self.autocast():
+            batch = torch.from_numpy(pixels).to(self.device).permute(0, 3, 1, 2).float()
+            batch = (batch / 255.0 - self.mean) / self.std
+            image = torch.nn.functional.normalize(self.model.encode_image(batch).float(), dim=-1)
+            text = None
+            if texts is not None:
+                tokens = self.tokenizer(texts).to(self.device)
+                text = torch.nn.functional.normalize(self.model.encode_text(tokens).float(), dim=-1)
+        return image.cpu().numpy(), None if text is None else text.cpu().numpy()
+
+    def autocast(self) -> Any:
+        import contextlib
+
+        import torch
+
+        if self.device != "cuda" or self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
+        return torch.autocast("cuda", dtype=dtype)
+
+
+def prepare_images(
+    images: list[bytes], pil_transform: Any, side: int
+) -> tuple[list[np.ndarray | None], list[str | None]]:
+    """Decode and transform each image to uint8 HWC; None and `decode_error` when it fails.
+    JPEGs decode in draft mode at the smallest scale still >= `side` (the model's input)."""
+    pixels: list[np.ndarray | None] = []
+    reasons: list[str | None] = []
+    for data in images:
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.draft("RGB", (side, side))
+                pixels.append(np.asarray(pil_transform(image.convert("RGB")), np.uint8))
+            reasons.append(None)
+        except (OSError, ValueError, Image.DecompressionBombError):
+            pixels.append(None)
+            reasons.append("decode_error")
+    return pixels, reasons
+
+
+@lru_cache(maxsize=2)
+def cached_model(name: str, pretrained: str | None, device: str, precision: str) -> ClipModel:
+    """One model per worker process and configuration."""
+    return ClipModel(name, pretrained, device, precision)
+
+
+def check_model(name: str, pretrained: str | None, where: str) -> None:
+    """Load the model once on CPU (then free it): a bad name, tag or file fails the build
+    before any data is read, in one line."""
+    try:
+        load_open_clip(name, pretrained, "cpu")
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
