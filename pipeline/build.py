@@ -52,7 +52,7 @@ from pipeline.storage import (
     write_parquet,
 )
 from pipeline.tario import write_tar
-from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Stage
+from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Stage, is_media_column
 from stages.registry import build_stages
 
 log = logging.getLogger("mmcurate.build")
@@ -226,6 +226,7 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         "text_embedding": pa.list_(pa.float16()),
     }
     columns = [c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE]
+    columns = [c for c in columns if not is_media_column(c)]
     columns += [c for c in ("__bytes__", "__offset__") if c not in columns]
     arrays = {c: pa.array([r.get(c) for r in rows], type=types.get(c)) for c in columns}
     return pa.table(arrays)

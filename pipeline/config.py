@@ -65,7 +65,7 @@ class BuildConfig(Strict):
 
     @model_validator(mode="after")
     def _kind_is_supported(self) -> BuildConfig:
-        if self.source.kind not in ("images", "webdataset", "urls"):
+        if self.source.kind not in ("images", "webdataset", "urls", "videos"):
             raise ValueError(f"source.kind {self.source.kind!r} is not implemented yet")
         return self
 

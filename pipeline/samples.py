@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Batch
+from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Batch
 
 BASE_COLUMNS = (
     "__key__",
@@ -22,7 +22,7 @@ SOURCE = "source"  # the __drop_stage__ of samples rejected while reading
 
 
 def empty_batch() -> Batch:
-    return {col: [] for col in (*BASE_COLUMNS, *IMAGE_COLUMNS)}
+    return {col: [] for col in (*BASE_COLUMNS, *IMAGE_COLUMNS, *VIDEO_COLUMNS)}
 
 
 def append_sample(batch: Batch, sample: dict[str, Any]) -> None:

@@ -25,21 +25,24 @@ from pipeline.storage import (
     with_retries,
 )
 from pipeline.tario import EXT_ALIASES, iter_tar_samples
-from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Batch
+from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Batch
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
+VIDEO_EXTS = set(VIDEO_COLUMNS)
 
 
 # ---- images: a folder of image files with sidecar .txt captions -------------------------
 
 
-def plan_images(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """List the folder once; split sorted image files into partitions of `files_per_task`."""
+def plan_images(
+    cfg: SourceConfig, storage_options: dict[str, Any], exts: set[str] = IMAGE_EXTS
+) -> list[dict[str, Any]]:
+    """List the folder once; split sorted media files into partitions of `files_per_task`."""
     fs, root = filesystem(cfg.path, storage_options)
     if not fs.isdir(root):
         raise ConfigError(f"source.path: folder not found: {cfg.path}")
     listing = fs.find(root)  # once: on object stores every listing is many requests
-    files = sorted(p for p in listing if p.rpartition(".")[2].lower() in IMAGE_EXTS)
+    files = sorted(p for p in listing if p.rpartition(".")[2].lower() in exts)
     texts = {p for p in listing if p.endswith(".txt")}
     root = root.rstrip("/")
     entries = []
@@ -52,7 +55,7 @@ def plan_images(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict
     size = cfg.files_per_task
     return [
         {
-            "kind": "images",
+            "kind": cfg.kind,
             "part": i,
             "root": root,
             "protocol": protocol_of(cfg.path),
@@ -176,7 +179,7 @@ def with_damage_row(batch: Batch, part: dict[str, Any], path: str, err: Exceptio
 
 
 def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[str, Any]:
-    sample = {col: raw.get(col) for col in IMAGE_COLUMNS}
+    sample = {col: raw.get(col) for col in (*IMAGE_COLUMNS, *VIDEO_COLUMNS)}
     sample.update(
         {
             "__key__": raw["__key__"].replace("/", "_"),
@@ -194,8 +197,23 @@ def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[st
     return sample
 
 
-PLANNERS = {"images": plan_images, "webdataset": plan_webdataset, "urls": plan_urls}
-READERS = {"images": read_images, "webdataset": read_webdataset, "urls": read_urls}
+def plan_videos(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """A folder of video files (mp4, webm, avi, mkv, mov) with sidecar .txt captions."""
+    return plan_images(cfg, storage_options, VIDEO_EXTS)
+
+
+PLANNERS = {
+    "images": plan_images,
+    "videos": plan_videos,
+    "webdataset": plan_webdataset,
+    "urls": plan_urls,
+}
+READERS = {
+    "images": read_images,
+    "videos": read_images,  # the same folder reader: bytes go to the column of their extension
+    "webdataset": read_webdataset,
+    "urls": read_urls,
+}
 
 
 def plan_source(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:

@@ -7,12 +7,17 @@ tars are deterministic (sorted extensions, zero mtimes and owners) so a rerun is
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 # Columns that become tar members; everything else stays in the signatures table.
-MEMBER_COLUMNS = ("jpg", "png", "webp", "gif", "bmp", "tiff", "txt", "json", "cls", "mp4")
+MEMBER_COLUMNS = (
+    *("jpg", "png", "webp", "gif", "bmp", "tiff", "txt", "json", "cls"),
+    *("mp4", "webm", "avi", "mkv", "mov"),
+)
+FRAME_MEMBER = re.compile(r"^\d{3}\.jpg$")  # sampled video frames: <key>.000.jpg, ...
 EXT_ALIASES = {"jpeg": "jpg", "tif": "tiff"}
 
 
@@ -46,7 +51,8 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[dict[str, Any]]:
 def sample_members(sample: dict[str, Any]) -> list[tuple[str, bytes]]:
     """The (member name, bytes) pairs a sample writes, extensions sorted."""
     members = []
-    for col in sorted(c for c in MEMBER_COLUMNS if sample.get(c) is not None):
+    columns = [c for c in sample if c in MEMBER_COLUMNS or FRAME_MEMBER.match(c)]
+    for col in sorted(c for c in columns if sample.get(c) is not None):
         value = sample[col]
         data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
         members.append((f"{sample['__key__']}.{col}", data))

@@ -8,6 +8,7 @@ reaches the driver as a signature row, so drop counts are exact and a rerun can 
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, ClassVar
 
@@ -20,6 +21,19 @@ Batch = dict[str, list[Any]]
 
 # Media columns a sample may carry; sources fill the one matching the file type.
 IMAGE_COLUMNS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
+VIDEO_COLUMNS = ("mp4", "webm", "avi", "mkv", "mov")
+FRAME_COLUMN = re.compile(r"^\d{3}\.jpg$")  # sampled video frames: 000.jpg, 001.jpg, ...
+
+
+def frame_column(index: int) -> str:
+    return f"{index:03d}.jpg"
+
+
+def is_media_column(column: str) -> bool:
+    """Columns holding media bytes: they go into tars, never into the signatures."""
+    return column in IMAGE_COLUMNS or column in VIDEO_COLUMNS or bool(FRAME_COLUMN.match(column))
+
+
 DROP = "__drop__"
 DROP_STAGE = "__drop_stage__"
 
@@ -97,8 +111,8 @@ def merge_live_rows(
         if reasons[j] is not None:
             batch[DROP][i] = reasons[j]
             batch[DROP_STAGE][i] = stage
-            for col in IMAGE_COLUMNS:
-                if col in batch:
+            for col in batch:
+                if is_media_column(col):
                     batch[col][i] = None
 
 

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from pipeline.mapreduce import Runner
-from stages.base import Batch, Stage, StageOptions, media_column, register
+from stages.base import FRAME_COLUMN, Batch, Stage, StageOptions, media_column, register
 from stages.clip_model import ClipModel, cached_model, check_model
 from stages.dedupe_common import Decisions, live_rows
 
@@ -67,36 +67,43 @@ class ClipScore(Stage):
     def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
         size = len(batch["__key__"])
         reasons: list[str | None] = [None] * size
-        rows = []
+        media: dict[int, list[bytes]] = {}
         for i in range(size):
             caption = (batch.get("txt") or [None] * size)[i]
-            if media_column(batch, i) is None:
+            pictures = pictures_of(batch, i)
+            if not pictures:
                 reasons[i] = "no_image"
             elif not caption or not caption.strip():
                 reasons[i] = "missing_caption"
             else:
-                rows.append(i)
+                media[i] = pictures
         encoder = self.encoder or self.local_model()
-        pixels, errors = encoder.prepare([batch[media_column(batch, i)][i] for i in rows])
-        for i, error in zip(rows, errors, strict=True):
-            reasons[i] = error
-        good = [(i, p) for i, p in zip(rows, pixels, strict=True) if p is not None]
+        flat = [data for pictures in media.values() for data in pictures]
+        pixels, _ = encoder.prepare(flat)
+        good, at = [], 0
+        for i, pictures in media.items():
+            mine = [p for p in pixels[at : at + len(pictures)] if p is not None]
+            at += len(pictures)
+            if mine:
+                good.append((i, mine))
+            else:
+                reasons[i] = "decode_error"
         for i, score in self.score_rows(batch, good, encoder).items():
             reasons[i] = self.filter_reason(score)
         return batch, reasons
 
     def score_rows(self, batch: Batch, good: list, encoder: Encoder) -> dict[int, float]:
-        """Encode in batches; write clip_score, embeddings and the JSON field for `good` rows."""
+        """Encode about `batch_size` pictures at a time; a video's image embedding is the
+        normalized mean of its frames'. Writes clip_score, embeddings and the JSON field."""
         size = len(batch["__key__"])
         for column in ("clip_score", "embedding", "text_embedding"):
             batch.setdefault(column, [None] * size)
         metas = list(batch.get("json") or [None] * size)
         scores: dict[int, float] = {}
-        step = self.options.batch_size
-        for start in range(0, len(good), step):
-            chunk = good[start : start + step]
-            pixels = np.stack([p for _, p in chunk])
+        for chunk in picture_batches(good, self.options.batch_size):
+            pixels = np.stack([p for _, frames in chunk for p in frames])
             image, text = encoder.encode(pixels, [batch["txt"][i] for i, _ in chunk])
+            image = mean_per_sample(image, [len(frames) for _, frames in chunk])
             for (i, _), img, txt in zip(chunk, image, text, strict=True):
                 score = round(float(np.dot(img, txt)), 6)
                 scores[i] = score
@@ -120,6 +127,35 @@ class ClipScore(Stage):
         if fraction is None:
             return {}
         return top_fraction_decisions(live_rows(signatures, "clip_score"), fraction)
+
+
+def pictures_of(batch: Batch, row: int) -> list[bytes]:
+    """The image of an image sample, or the sampled frames of a video sample."""
+    col = media_column(batch, row)
+    if col is not None:
+        return [batch[col][row]]
+    frames = sorted(c for c in batch if FRAME_COLUMN.match(c))
+    return [batch[c][row] for c in frames if batch[c][row] is not None]
+
+
+def picture_batches(good: list, size: int) -> list[list]:
+    """Group samples so each group holds about `size` pictures (at least one sample)."""
+    groups, current, count = [], [], 0
+    for item in good:
+        if current and count + len(item[1]) > size:
+            groups.append(current)
+            current, count = [], 0
+        current.append(item)
+        count += len(item[1])
+    return groups + ([current] if current else [])
+
+
+def mean_per_sample(embeddings: np.ndarray, counts: list[int]) -> np.ndarray:
+    """Rows grouped by `counts` -> one normalized mean row per group."""
+    bounds = np.cumsum([0, *counts])
+    spans = zip(bounds[:-1], bounds[1:], strict=True)
+    means = np.stack([embeddings[a:b].mean(axis=0) for a, b in spans])
+    return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
 
 
 def with_score(text: str | None, score: float) -> str:

@@ -25,7 +25,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
-from stages.base import Batch, Stage, StageOptions, media_column, register
+from stages.base import FRAME_COLUMN, Batch, Stage, StageOptions, media_column, register
 from stages.dedupe_common import Decisions, group_decisions, keepers, live_rows, priority_rank
 from stages.hamming import (
     TablePlan,
@@ -65,12 +65,12 @@ class NearDedupe(Stage):
         heights: list[int | None] = [None] * size
         reasons: list[str | None] = [None] * size
         for row in range(size):
-            col = media_column(batch, row)
-            if col is None:
+            picture = picture_to_hash(batch, row)
+            if picture is None:
                 reasons[row] = "no_image"
                 continue
             try:
-                hashes[row], (w, h) = image_hash(batch[col][row], self.options.hash)
+                hashes[row], (w, h) = image_hash(picture, self.options.hash)
             except (OSError, ValueError, Image.DecompressionBombError):
                 reasons[row] = "decode_error"
                 continue
@@ -93,6 +93,16 @@ class NearDedupe(Stage):
         plan = plan_tables(n, opts.radius, opts.recall, opts.mode, opts.seed)
         log.info("near_dedupe on %d hashes, radius %d: %s", n, opts.radius, plan.describe())
         return plan
+
+
+def picture_to_hash(batch: Batch, row: int) -> bytes | None:
+    """The image, or for a video sample its middle sampled frame."""
+    col = media_column(batch, row)
+    if col is not None:
+        return batch[col][row]
+    frames = [batch[c][row] for c in sorted(batch) if FRAME_COLUMN.match(c)]
+    frames = [f for f in frames if f is not None]
+    return frames[len(frames) // 2] if frames else None
 
 
 def original_size(metas: list | None, row: int, decoded: tuple[int, int]) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.tario import iter_tar_samples
-from stages.base import IMAGE_COLUMNS
+from stages.base import FRAME_COLUMN, IMAGE_COLUMNS
 from trainer.config import DataConfig
 from trainer.manifest import Manifest
 
@@ -46,8 +46,23 @@ def decode_image(sample: dict[str, Any]) -> Image.Image | None:
     return None
 
 
+def frame_columns(sample: dict[str, Any]) -> list[str]:
+    """A video sample's sampled frames (`000.jpg`, `001.jpg`, ...) in order."""
+    return sorted(c for c in sample if FRAME_COLUMN.match(c))
+
+
+def decode_frames(sample: dict[str, Any]) -> list[Image.Image]:
+    frames = []
+    for column in frame_columns(sample):
+        with Image.open(io.BytesIO(sample[column])) as img:
+            frames.append(img.convert("RGB"))
+    return frames
+
+
 class ShardDataset(IterableDataset):
-    """Yields `(image_tensor, token_ids)` from a manifest's shards; call set_epoch per epoch."""
+    """Yields `(image_tensor, token_ids)` from a manifest's shards; call set_epoch per epoch.
+    A video sample (frames `<key>.000.jpg`, ...) yields its frames as one clip tensor
+    [frames, 3, H, W]; a batch of clips is [batch, frames, 3, H, W]."""
 
     def __init__(
         self,
@@ -94,8 +109,12 @@ class ShardDataset(IterableDataset):
         if "txt" not in sample:
             return None
         try:
-            image = decode_image(sample)
             text = sample["txt"].decode("utf-8")
+            frames = decode_frames(sample)
+            if frames:
+                clip = torch.stack([self.preprocess(frame) for frame in frames])
+                return clip, self.tokenizer([text])[0]
+            image = decode_image(sample)
         except (OSError, ValueError, Image.DecompressionBombError):
             return None  # Why: one bad sample must not stop training
         if image is None:

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import open_clip
 import torch
+import torch.nn.functional as F
 
 from pipeline.config_io import ConfigError
 from trainer.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -146,13 +147,27 @@ class Parts:
     precision: str
 
 
+def clip_features(
+    model: torch.nn.Module, images: torch.Tensor, texts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Normalized image and text features and the logit scale. Clips [B, T, 3, H, W] are
+    encoded frame by frame and their frame features averaged (then normalized again)."""
+    if images.dim() == 4:
+        out = model(images, texts)
+        return out["image_features"], out["text_features"], out["logit_scale"]
+    batch, frames = images.shape[:2]
+    per_frame = model.encode_image(images.flatten(0, 1), normalize=True)
+    image_features = F.normalize(per_frame.view(batch, frames, -1).mean(dim=1), dim=-1)
+    return image_features, model.encode_text(texts, normalize=True), model.logit_scale.exp()
+
+
 def train_step(parts: Parts, images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
     """One optimizer step; returns the detached loss (still on the device, so no sync)."""
     images = images.to(parts.device, non_blocking=True)
     texts = texts.to(parts.device, non_blocking=True)
     with autocast(parts.precision, parts.device):
-        out = parts.model(images, texts)
-        loss = parts.loss_fn(out["image_features"], out["text_features"], out["logit_scale"])
+        image_features, text_features, logit_scale = clip_features(parts.model, images, texts)
+        loss = parts.loss_fn(image_features, text_features, logit_scale)
     parts.optimizer.zero_grad(set_to_none=True)
     parts.scaler.scale(loss).backward()
     parts.scaler.step(parts.optimizer)

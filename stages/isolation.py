@@ -1,0 +1,111 @@
+"""Run a function in a child process that can be abandoned: for decoders that hang or crash.
+
+`Isolated().call(fn, args, timeout)` sends the call to a long-lived child Python (started on
+first use, one per worker process) and waits at most `timeout` seconds. If the child does not
+answer in time it is killed (`CallTimeout`) and the next call starts a fresh one; if it dies
+(a crash in C code) that is `CallCrashed`; an exception inside `fn` comes back as `CallFailed`.
+`fn` must be importable by module and name (it is pickled by reference).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+class CallTimeout(Exception):
+    pass
+
+
+class CallCrashed(Exception):
+    pass
+
+
+class CallFailed(Exception):
+    pass
+
+
+class Isolated:
+    """`preload`: modules the child imports when it starts, outside any call's time limit."""
+
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
+        self.process: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.preload = preload
+
+    def start(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "stages.isolation", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.conn = Connection(from_child_r, readable=True, writable=False)
+        self.send = Connection(to_child_w, readable=False, writable=True)
+        if self.preload:
+            self.send.send((import_modules, (self.preload,)))
+            if not self.conn.poll(STARTUP_S):
+                raise CallCrashed(f"decoder process did not start in {STARTUP_S}s")
+            self.conn.recv()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.conn.close()
+            self.send.close()
+        self.process = None
+
+    def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Any:
+        if self.process is None or self.process.poll() is not None:
+            self.stop()
+            self.start()
+        try:
+            self.send.send((fn, args))
+            if not self.conn.poll(timeout):
+                self.stop()
+                raise CallTimeout(f"no answer in {timeout:g}s")
+            status, value = self.conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as err:
+            self.stop()
+            raise CallCrashed(type(err).__name__) from None
+        if status == "error":
+            raise CallFailed(value)
+        return value
+
+
+STARTUP_S = 120
+
+
+def import_modules(names: tuple[str, ...]) -> None:
+    for name in names:
+        importlib.import_module(name)
+
+
+def serve(reader: Connection, writer: Connection) -> None:
+    while True:
+        try:
+            fn, args = reader.recv()
+        except EOFError:
+            return
+        try:
+            writer.send(("ok", fn(*args)))
+        except Exception as err:  # noqa: BLE001  (any failure of the call goes back as data)
+            writer.send(("error", f"{type(err).__name__}: {err}"))
+
+
+if __name__ == "__main__":
+    serve(
+        Connection(int(sys.argv[1]), readable=True, writable=False),
+        Connection(int(sys.argv[2]), readable=False, writable=True),
+    )

@@ -1,0 +1,142 @@
+"""Sample frames from video bytes: decord first, PyAV when decord cannot open the file.
+
+Pure functions (run inside the isolated decoder process, `stages.isolation`). Frame choice:
+- uniform: `num_frames` frames, frame i at the middle of the i-th of num_frames equal spans
+- fps: one frame every 1/fps seconds from the start (the nearest frame to each time)
+- keyframes: the container's keyframes (at most `num_frames` when set, evenly chosen)
+Frames are resized so the short side is `size` (never enlarged) and centre-cropped to a square
+when `crop`, then JPEG-encoded. decord runs with `fault_tol` so that a file whose frames are
+mostly unrecoverable raises instead of silently repeating frames.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+FAULT_TOLERANCE = 0.05  # more than 5% recovered (repeated) frames is an error
+
+
+class NoVideoStream(Exception):
+    pass
+
+
+class NoFrames(Exception):
+    pass
+
+
+def plan_indices(
+    mode: str, frame_count: int, fps: float, num_frames: int, every_fps: float, keys: list[int]
+) -> list[int]:
+    """Frame numbers to decode, ascending and unique."""
+    if frame_count <= 0:
+        return []
+    if mode == "uniform":
+        n = min(num_frames, frame_count)
+        return sorted({min(frame_count - 1, int((i + 0.5) * frame_count / n)) for i in range(n)})
+    if mode == "fps":
+        duration = frame_count / fps
+        times = np.arange(0.0, duration, 1.0 / every_fps)
+        return sorted({min(frame_count - 1, int(round(t * fps))) for t in times})
+    if mode == "keyframes":
+        keys = sorted(k for k in keys if 0 <= k < frame_count) or [0]
+        if num_frames and len(keys) > num_frames:
+            keys = [keys[int((i + 0.5) * len(keys) / num_frames)] for i in range(num_frames)]
+        return keys
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def to_jpeg(pixels: np.ndarray, size: int, crop: bool, quality: int) -> bytes:
+    image = Image.fromarray(pixels)
+    scale = size / min(image.size)
+    if scale < 1:
+        w, h = (max(1, round(v * scale)) for v in image.size)
+        image = image.resize((w, h), Image.Resampling.BICUBIC, reducing_gap=2.0)
+    if crop:
+        side = min(image.size)
+        left, top = (image.width - side) // 2, (image.height - side) // 2
+        image = image.crop((left, top, left + side, top + side))
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def sample_video(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
+    """{frames: [jpeg], indices, timestamps, fps, frame_count, width, height, decoder}."""
+    try:
+        decoded = with_decord(data, opts)
+    except (NoFrames, NoVideoStream):
+        raise
+    except Exception:  # noqa: BLE001  (decord raises its own and generic errors; try PyAV)
+        decoded = with_pyav(data, opts)
+    frames = [
+        to_jpeg(f, opts["size"], opts["crop"], opts["quality"]) for f in decoded.pop("pixels")
+    ]
+    return {"frames": frames, **decoded}
+
+
+def with_decord(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
+    import decord
+
+    reader = decord.VideoReader(io.BytesIO(data), num_threads=1, fault_tol=FAULT_TOLERANCE)
+    count, fps = len(reader), float(reader.get_avg_fps())
+    if count == 0:
+        raise NoFrames("no frames")
+    keys = reader.get_key_indices().tolist() if opts["mode"] == "keyframes" else []
+    indices = plan_indices(opts["mode"], count, fps, opts["num_frames"], opts["fps"], keys)
+    pixels = reader.get_batch(indices).asnumpy()
+    times = reader.get_frame_timestamp(indices)[:, 0].tolist()
+    height, width = pixels.shape[1:3]
+    return {
+        "pixels": list(pixels),
+        "indices": indices,
+        "timestamps": [round(float(t), 4) for t in times],
+        "fps": fps,
+        "frame_count": count,
+        "width": int(width),
+        "height": int(height),
+        "decoder": "decord",
+    }
+
+
+def with_pyav(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
+    """Fallback: count the video packets, then decode once, keeping the planned frames."""
+    import av
+
+    with av.open(io.BytesIO(data)) as box:
+        if not box.streams.video:
+            raise NoVideoStream("no video stream")
+        stream = box.streams.video[0]
+        fps = float(stream.average_rate or 25)
+        count = sum(1 for p in box.demux(stream) if p.size)
+    keyframes: list[int] = []
+    indices = plan_indices(opts["mode"], count, fps, opts["num_frames"], opts["fps"], keyframes)
+    wanted, pixels, times = set(indices), [], []
+    with av.open(io.BytesIO(data)) as box:
+        stream = box.streams.video[0]
+        for number, frame in enumerate(box.decode(stream)):
+            if number in wanted:
+                pixels.append(frame.to_ndarray(format="rgb24"))
+                times.append(float(frame.time) if frame.time is not None else number / fps)
+            if number >= indices[-1] if indices else True:
+                break
+    if not pixels:
+        raise NoFrames("no frames decoded")
+    return {
+        "pixels": pixels,
+        "indices": indices[: len(pixels)],
+        "timestamps": [round(t, 4) for t in times],
+        "fps": fps,
+        "frame_count": count,
+        "width": int(pixels[0].shape[1]),
+        "height": int(pixels[0].shape[0]),
+        "decoder": "pyav",
+    }
+
+
+def duration(frame_count: int, fps: float) -> float:
+    return frame_count / fps if fps > 0 and math.isfinite(fps) else 0.0

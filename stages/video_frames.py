@@ -1,0 +1,100 @@
+"""video_frames: sample frames from each video (decord, PyAV fallback), in an isolated process.
+
+Adds frames as `000.jpg`, `001.jpg`, ... (members `<key>.000.jpg`, ...), and to `<key>.json`:
+`clip_start`/`clip_end` seconds, `frame_indices`, `frame_timestamps` (seconds), `fps`,
+`frame_count`, `width`, `height` and the `decoder` used. Decoding runs in a child process per
+worker with a time limit per video, so a file that hangs or crashes the decoder costs only
+itself: `decode_timeout` / `decode_error`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field
+
+from stages.base import VIDEO_COLUMNS, Batch, Stage, StageOptions, frame_column, register
+from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from stages.video_decode import sample_video
+
+
+class VideoFramesOptions(StageOptions):
+    mode: Literal["uniform", "fps", "keyframes"] = "uniform"
+    num_frames: int = Field(8, ge=1, le=999, description="uniform: frames per video")
+    fps: float = Field(1.0, gt=0, description="fps mode: frames per second")
+    size: int = Field(224, ge=8, description="short side of the stored frames (never enlarged)")
+    crop: bool = Field(True, description="centre-crop frames to a square")
+    quality: int = Field(90, ge=1, le=100)
+    timeout_s: float = Field(30.0, gt=0, description="per video, then the decoder is killed")
+    keep_video: bool = Field(True, description="keep the video bytes in the sample")
+
+
+def video_column(batch: Batch, row: int) -> str | None:
+    for col in VIDEO_COLUMNS:
+        values = batch.get(col)
+        if values is not None and values[row] is not None:
+            return col
+    return None
+
+
+@register
+class VideoFrames(Stage):
+    name = "video_frames"
+    Options = VideoFramesOptions
+
+    def setup(self) -> None:
+        self.decoder = Isolated(preload=("stages.video_decode", "decord", "av"))
+
+    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+        size = len(batch["__key__"])
+        reasons: list[str | None] = [None] * size
+        metas = list(batch.get("json") or [None] * size)
+        opts = self.options.model_dump()
+        for row in range(size):
+            col = video_column(batch, row)
+            if col is None:
+                reasons[row] = "no_video"
+                continue
+            result, reasons[row] = self.decode(batch[col][row], opts)
+            if result is None:
+                continue
+            for i, frame in enumerate(result.pop("frames")):
+                batch.setdefault(frame_column(i), [None] * size)[row] = frame
+            metas[row] = merge_meta(metas[row], result)
+            if not self.options.keep_video:
+                batch[col][row] = None
+        batch["json"] = metas
+        return batch, reasons
+
+    def decode(self, data: bytes, opts: dict) -> tuple[dict | None, str | None]:
+        try:
+            return self.decoder.call(sample_video, (data, opts), self.options.timeout_s), None
+        except CallTimeout:
+            return None, "decode_timeout"
+        except CallCrashed:
+            return None, "decode_error"
+        except CallFailed as err:
+            kind = str(err).split(":", 1)[0]
+            return None, {"NoVideoStream": "no_video_stream", "NoFrames": "no_frames"}.get(
+                kind, "decode_error"
+            )
+
+
+def merge_meta(text: str | None, result: dict) -> str:
+    meta = json.loads(text) if text else {}
+    fps, count = result["fps"], result["frame_count"]
+    meta.update(
+        {
+            "clip_start": 0.0,
+            "clip_end": round(count / fps, 4) if fps else None,
+            "frame_indices": result["indices"],
+            "frame_timestamps": result["timestamps"],
+            "fps": round(fps, 4),
+            "frame_count": count,
+            "width": result["width"],
+            "height": result["height"],
+            "decoder": result["decoder"],
+        }
+    )
+    return json.dumps(meta, sort_keys=True)

@@ -1,0 +1,222 @@
+"""Videos: frame plans, the isolated decoder, and a 34-file folder built end to end."""
+
+import io
+import json
+import math
+import os
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import webdataset as wds
+from PIL import Image
+
+from pipeline.build import run_build
+from pipeline.config import BuildConfig
+from pipeline.tario import iter_tar_samples
+from pipeline.video_data import (
+    audio_only,
+    encode_video,
+    lying_avi,
+    read_frame_number,
+    truncated,
+)
+from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from stages.registry import build_stage
+from stages.video_decode import plan_indices
+from trainer.config import TrainConfig
+from trainer.data import ShardDataset
+from trainer.manifest import read_manifest
+from trainer.models import build_model
+from trainer.train import train
+
+
+def test_uniform_plan_takes_the_middle_of_equal_spans():
+    assert plan_indices("uniform", 48, 24.0, 8, 1.0, []) == [3, 9, 15, 21, 27, 33, 39, 45]
+    assert plan_indices("uniform", 5, 24.0, 8, 1.0, []) == [0, 1, 2, 3, 4]  # fewer frames
+    assert plan_indices("uniform", 0, 24.0, 8, 1.0, []) == []
+    for count in range(1, 200):
+        plan = plan_indices("uniform", count, 30.0, 8, 1.0, [])
+        assert plan == sorted(set(plan)) and 0 <= plan[0] and plan[-1] < count
+
+
+def test_fps_and_keyframe_plans():
+    assert plan_indices("fps", 72, 24.0, 8, 1.0, []) == [0, 24, 48]  # 3 s at 1 frame a second
+    assert plan_indices("fps", 72, 24.0, 8, 4.0, [])[:3] == [0, 6, 12]
+    assert plan_indices("keyframes", 100, 25.0, 0, 1.0, [0, 50, 99]) == [0, 50, 99]
+    assert plan_indices("keyframes", 100, 25.0, 2, 1.0, [0, 25, 50, 75]) == [25, 75]
+
+
+def test_isolated_calls_survive_hangs_crashes_and_errors():
+    worker = Isolated()
+    started = time.monotonic()
+    with pytest.raises(CallTimeout):
+        worker.call(time.sleep, (30,), timeout=0.5)
+    assert time.monotonic() - started < 10  # abandoned, not waited for (a bound, not a speed)
+    assert worker.call(math.sqrt, (16.0,), timeout=30) == 4.0  # a fresh child took over
+    with pytest.raises(CallCrashed):
+        worker.call(os.abort, (), timeout=30)
+    with pytest.raises(CallFailed, match="ValueError"):
+        worker.call(int, ("not a number",), timeout=30)
+    worker.stop()
+
+
+def frames_of(sample: dict) -> list[np.ndarray]:
+    names = sorted(c for c in sample if c.endswith(".jpg") and c[:3].isdigit())
+    return [np.asarray(Image.open(io.BytesIO(sample[n])).convert("RGB")) for n in names]
+
+
+@pytest.fixture(scope="module")
+def video_folder(tmp_path_factory):
+    """34 files: 14 H.264/mp4, 8 MPEG-4/avi, 6 VP9/webm, one AVI that claims 5,000 frames, and
+    a truncated mp4, a zero-byte mp4, an audio-only mp4, garbage named .mp4, one without a
+    caption. Returns (folder, {name: (frames, fps)} of the good ones)."""
+    folder = tmp_path_factory.mktemp("videos")
+    truth = {}
+    specs = [("mp4", "libx264", 14), ("avi", "mpeg4", 8), ("webm", "libvpx-vp9", 6)]
+    rng = np.random.default_rng(0)
+    for ext, codec, count in specs:
+        for i in range(count):
+            frames, fps = int(rng.integers(20, 70)), int(rng.choice([12, 24, 30]))
+            name = f"{ext}_{i:02d}"
+            (folder / f"{name}.{ext}").write_bytes(
+                encode_video(frames, fps, (256, 144), codec, "matroska" if ext == "mkv" else ext)
+            )
+            (folder / f"{name}.txt").write_text(f"a moving gradient number {i}")
+            truth[name] = (frames, fps)
+    bad = {
+        "bad_lying": lying_avi(48),
+        "bad_truncated": truncated(encode_video(60)),
+        "bad_zero": b"",
+        "bad_audio": audio_only(),
+        "bad_garbage": os.urandom(4096),
+    }
+    for name, data in bad.items():
+        ext = "avi" if name == "bad_lying" else "mp4"
+        (folder / f"{name}.{ext}").write_bytes(data)
+        (folder / f"{name}.txt").write_text("a broken video")
+    truth["bad_lying"] = (48, 24)
+    (folder / "no_caption.mp4").write_bytes(encode_video(24))
+    truth["no_caption"] = (24, 24)
+    return folder, truth
+
+
+@pytest.fixture(scope="module")
+def video_build(video_folder, tmp_path_factory, ray_session):
+    folder, truth = video_folder
+    out = tmp_path_factory.mktemp("video-out")
+    cfg = BuildConfig.model_validate(
+        {
+            "source": {"kind": "videos", "path": str(folder), "files_per_task": 5},
+            "stages": [
+                {
+                    "name": "video_frames",
+                    "num_frames": 8,
+                    "size": 512,
+                    "crop": False,
+                    "timeout_s": 60,
+                }
+            ],
+            "output": {"path": str(out), "shard_max_samples": 10},
+        }
+    )
+    return run_build(cfg, progress=False), out, truth
+
+
+def test_video_folder_builds_with_bad_files_dropped(video_build):
+    manifest, out, truth = video_build
+    rows = {r["key"]: r for r in pq.read_table(out / "signatures").to_pylist()}
+    assert len(rows) == 34
+    dropped = {k: r["drop_reason"] for k, r in rows.items() if r["drop_reason"]}
+    assert dropped == {
+        "bad_truncated": "decode_error",
+        "bad_zero": "decode_error",
+        "bad_audio": "no_video_stream",
+        "bad_garbage": "decode_error",
+    }
+    assert manifest["samples"] == 30  # including the lying AVI and the caption-less video
+
+
+def test_sampled_frames_and_timestamps_are_the_planned_ones(video_build):
+    manifest, out, truth = video_build
+    seen = 0
+    for shard in manifest["shards"]:
+        with open(out / shard["name"], "rb") as f:
+            for sample in iter_tar_samples(f):
+                frames, fps = truth[sample["__key__"]]
+                meta = json.loads(sample["json"])
+                expected = plan_indices("uniform", frames, float(fps), 8, 1.0, [])
+                assert meta["frame_indices"] == expected
+                assert meta["frame_count"] == frames and meta["fps"] == pytest.approx(fps)
+                assert [read_frame_number(f) for f in frames_of(sample)] == expected
+                assert meta["frame_timestamps"] == pytest.approx(
+                    [i / fps for i in expected], abs=2e-3
+                )
+                assert meta["clip_end"] == pytest.approx(frames / fps, abs=1e-3)
+                assert any(ext in sample for ext in ("mp4", "avi", "webm"))  # video kept
+                seen += 1
+    assert seen == 30
+
+
+def test_video_shards_load_in_webdataset_and_the_trainer(video_build, tmp_path):
+    manifest, out, _ = video_build
+    urls = [str(out / s["name"]) for s in manifest["shards"]]
+    samples = list(wds.WebDataset(urls, shardshuffle=False))
+    assert len(samples) == 30 and all("007.jpg" in s for s in samples)
+    model, preprocess, tokenizer = build_model(
+        TrainConfig.model_validate(
+            {"data": {"manifest": "x"}, "run": {"output": str(tmp_path)}}
+        ).model,
+        torch.device("cpu"),
+    )
+    dataset = ShardDataset(read_manifest(str(out / "manifest.json")), preprocess, tokenizer)
+    clips = [clip for clip, _ in dataset]
+    assert len(clips) == 29 and clips[0].shape == (8, 3, 64, 64)  # the caption-less one skipped
+    cfg = TrainConfig.model_validate(
+        {
+            "data": {"manifest": str(out / "manifest.json"), "batch_size": 4, "workers": 0},
+            "run": {"output": str(tmp_path / "run"), "max_steps": 3, "log_every": 1},
+        }
+    )
+    summary = train(cfg)
+    assert summary["steps"] == 3 and math.isfinite(summary["last_loss"])
+
+
+def test_a_decode_past_its_time_limit_is_dropped_and_the_next_one_works():
+    video = encode_video(48)
+    batch = {"__key__": ["a", "b"], "__drop__": [None, None], "__drop_stage__": [None, None]}
+    batch["mp4"], batch["txt"], batch["json"] = [video, video], ["x", "y"], [None, None]
+    slow = build_stage({"name": "video_frames", "timeout_s": 0.001})
+    assert slow({k: list(v) for k, v in batch.items()})["__drop__"] == [
+        "decode_timeout",
+        "decode_timeout",
+    ]
+    normal = build_stage({"name": "video_frames"})
+    out = normal({k: list(v) for k, v in batch.items()})
+    assert out["__drop__"] == [None, None] and out["007.jpg"][1] is not None
+
+
+def test_clip_score_and_near_dedupe_on_video_frames():
+    video = encode_video(48)
+    batch = {"__key__": ["a", "b"], "__drop__": [None, None], "__drop_stage__": [None, None]}
+    batch["mp4"], batch["txt"], batch["json"] = (
+        [video, encode_video(30)],
+        ["x y", "x y"],
+        [None] * 2,
+    )
+    frames = build_stage({"name": "video_frames", "num_frames": 4})(batch)
+    frames["mp4"] = [None, None]  # frames only: scores and hashes must come from them
+    tiny = {"name": "clip_score", "model": "mmcurate-tiny", "pretrained": None, "num_gpus": 0}
+    scored = build_stage({**tiny, "batch_size": 3})(frames)  # a video spans two model batches
+    assert scored["__drop__"] == [None, None]
+    assert all(-1 <= s <= 1 for s in scored["clip_score"])
+    stage = build_stage({"name": "clip_score", **{k: v for k, v in tiny.items() if k != "name"}})
+    first = stage.local_model()
+    pixels, _ = first.prepare([frames[f"{i:03d}.jpg"][0] for i in range(4)])
+    image, _ = first.encode(np.stack(pixels))
+    mean = image.mean(axis=0) / np.linalg.norm(image.mean(axis=0))
+    assert np.allclose(scored["embedding"][0].astype(np.float32), mean, atol=2e-3)
+    hashed = build_stage({"name": "near_dedupe"})(frames)
+    assert hashed["__drop__"] == [None, None] and hashed["phash"][0] is not None
