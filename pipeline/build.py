@@ -216,6 +216,7 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         DROP_STAGE: pa.string(),
         "__bytes__": pa.int64(),
         "__offset__": pa.int64(),
+        "__parent__": pa.string(),
         "sha256": pa.string(),
         "url": pa.string(),
         "phash": pa.uint64(),
@@ -351,6 +352,7 @@ def write_signatures(cfg: BuildConfig, signatures: pa.Table) -> None:
         DROP: "drop_reason",
         DROP_STAGE: "drop_stage",
         "__bytes__": "bytes",
+        "__parent__": "parent",
     }
     keep = [
         c

@@ -24,6 +24,7 @@ class SourceConfig(Strict):
     path: str = Field(description="Folder (images), tar glob (webdataset) or file, any fsspec URL.")
     caption_column: str = "caption"
     url_column: str = "url"
+    path_column: str = "path"  # videos from a list file: the column holding each video's path
     files_per_task: int = Field(
         256, gt=0, description="Input files (or samples) read by one Ray task."
     )

@@ -17,6 +17,13 @@ from pipeline.config import SourceConfig
 from pipeline.config_io import ConfigError
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
 from pipeline.source_urls import plan_urls, read_urls
+from pipeline.source_videos import (
+    GLOB_CHARS,
+    is_list_file,
+    plan_video_glob,
+    plan_video_list,
+    read_video_list,
+)
 from pipeline.storage import (
     filesystem,
     protocol_of,
@@ -198,7 +205,12 @@ def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[st
 
 
 def plan_videos(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """A folder of video files (mp4, webm, avi, mkv, mov) with sidecar .txt captions."""
+    """Video files (mp4, webm, avi, mkv, mov): a folder or a glob with sidecar .txt captions,
+    or a list file of paths and captions (pipeline/source_videos.py)."""
+    if is_list_file(cfg.path):
+        return plan_video_list(cfg, storage_options)
+    if any(c in cfg.path for c in GLOB_CHARS):
+        return plan_video_glob(cfg, storage_options)
     return plan_images(cfg, storage_options, VIDEO_EXTS)
 
 
@@ -211,6 +223,7 @@ PLANNERS = {
 READERS = {
     "images": read_images,
     "videos": read_images,  # the same folder reader: bytes go to the column of their extension
+    "video_list": read_video_list,
     "webdataset": read_webdataset,
     "urls": read_urls,
 }

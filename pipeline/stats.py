@@ -17,11 +17,13 @@ def stage_order(stages: list[Stage]) -> list[Stage]:
 
 def build_stats(signatures: pa.Table, stages: list[Stage], seconds: dict[str, float]) -> dict:
     """stats.json content; every input sample is counted once, as kept or under a reason."""
-    total = signatures.num_rows
+    clips, parents = expanded_rows(signatures)
+    total = signatures.num_rows - clips + parents  # samples that came in, before any split
     drops = Counter(
         zip(signatures[DROP_STAGE].to_pylist(), signatures[DROP].to_pylist(), strict=True)
     )
     entries: list[dict[str, Any]] = []
+    stage_by_name = {s.name: s for s in stages}
     remaining = total
     for name in ["source", *[s.name for s in stage_order(stages)]]:
         dropped = {
@@ -30,6 +32,8 @@ def build_stats(signatures: pa.Table, stages: list[Stage], seconds: dict[str, fl
             if stage == name and reason is not None
         }
         out = remaining - sum(dropped.values())
+        if getattr(stage_by_name.get(name), "expands", False):
+            out += clips - parents  # each split video became its clips
         entries.append(
             {
                 "name": name,
@@ -44,6 +48,14 @@ def build_stats(signatures: pa.Table, stages: list[Stage], seconds: dict[str, fl
     if kept != remaining:
         raise RuntimeError(f"stats do not add up: {kept} kept, {remaining} by stage counts")
     return {"stages": entries, "samples_in": total, "samples_out": kept, "phases": {}}
+
+
+def expanded_rows(signatures: pa.Table) -> tuple[int, int]:
+    """(rows made by a splitting stage, distinct samples they came from)."""
+    if "__parent__" not in signatures.column_names:
+        return 0, 0
+    parents = [p for p in signatures["__parent__"].to_pylist() if p is not None]
+    return len(parents), len(set(parents))
 
 
 def stage_seconds(signatures: pa.Table, stages: list[Stage]) -> dict[str, float]:

@@ -19,12 +19,17 @@ BITS = 12
 BLOCK = 16  # px per bit block (width needs BITS * BLOCK)
 
 
-def frame_pixels(index: int, width: int, height: int) -> np.ndarray:
-    """An RGB frame: a gradient that moves with `index`, the number in blocks at the top."""
+def frame_pixels(index: int, width: int, height: int, scene: int = 0) -> np.ndarray:
+    """An RGB frame: a gradient that moves with `index`, the number in blocks at the top.
+    Each `scene` has its own look (colours, direction), so scene changes are hard cuts."""
     x = np.arange(width)[None, :]
     y = np.arange(height)[:, None]
-    base = ((x * 2 + y + index * 7) % 256).astype(np.uint8)
-    frame = np.stack([base, np.roll(base, index * 3, axis=1), 255 - base], axis=-1)
+    base = ((x * (2 + scene) + y * (1 + 3 * scene) + index * 7) % 256).astype(np.uint8)
+    channels = [base, np.roll(base, index * 3, axis=1), 255 - base]
+    channels = channels[scene % 3 :] + channels[: scene % 3]
+    if scene % 2:
+        channels = [c // 3 for c in channels]
+    frame = np.stack(channels, axis=-1)
     frame[:BLOCK] = 128
     for bit in range(BITS):
         on = (index >> (BITS - 1 - bit)) & 1
@@ -48,8 +53,9 @@ def encode_video(
     codec: str = "libx264",
     container: str = "mp4",
     pixel_format: str = "yuv420p",
+    cuts: tuple[int, ...] = (),
 ) -> bytes:
-    """A video of `frames` numbered frames, in memory."""
+    """A video of `frames` numbered frames, in memory; a new scene starts at each of `cuts`."""
     out = io.BytesIO()
     with av.open(out, "w", format=container) as box:
         stream = box.add_stream(codec, rate=fps)
@@ -58,7 +64,9 @@ def encode_video(
         if codec == "libx264":
             stream.options = {"preset": "ultrafast", "crf": "18"}
         for index in range(frames):
-            image = av.VideoFrame.from_ndarray(frame_pixels(index, *size), format="rgb24")
+            scene = sum(1 for cut in cuts if index >= cut)
+            pixels = frame_pixels(index, *size, scene=scene)
+            image = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             for packet in stream.encode(image):
                 box.mux(packet)
         for packet in stream.encode():

@@ -56,6 +56,7 @@ class Stage:
     Options: ClassVar[type[StageOptions]] = StageOptions
     is_global: ClassVar[bool] = False
     io_bound: ClassVar[bool] = False  # waits on the network: runs a chunk ahead of the rest
+    expands: ClassVar[bool] = False  # turns one sample into several (clip_split)
 
     def __init__(self, options: StageOptions | None = None, index: int = 0) -> None:
         self.options = options if options is not None else self.Options()

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 import stages.caption_filter  # noqa: F401  (registers)
 import stages.clip_score  # noqa: F401
+import stages.clip_split  # noqa: F401
 import stages.decode_image  # noqa: F401
 import stages.download  # noqa: F401
 import stages.exact_dedupe  # noqa: F401

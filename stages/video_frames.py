@@ -82,14 +82,17 @@ class VideoFrames(Stage):
 
 
 def merge_meta(text: str | None, result: dict) -> str:
+    """Frame facts into the JSON. For a clip cut by clip_split, `clip_start`/`clip_end` are
+    already there and `frame_timestamps` are turned into seconds of the source video."""
     meta = json.loads(text) if text else {}
     fps, count = result["fps"], result["frame_count"]
+    offset = meta.get("clip_start", 0.0)
+    meta.setdefault("clip_start", 0.0)
+    meta.setdefault("clip_end", round(count / fps, 4) if fps else None)
     meta.update(
         {
-            "clip_start": 0.0,
-            "clip_end": round(count / fps, 4) if fps else None,
             "frame_indices": result["indices"],
-            "frame_timestamps": result["timestamps"],
+            "frame_timestamps": [round(offset + t, 4) for t in result["timestamps"]],
             "fps": round(fps, 4),
             "frame_count": count,
             "width": result["width"],

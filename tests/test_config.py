@@ -40,7 +40,9 @@ def test_demo_config_loads_with_overrides():
     assert names == ["decode_image", "caption_filter", "exact_dedupe", "near_dedupe"]
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "laion_ingest.yaml", "laion_dedupe.yaml"])
+@pytest.mark.parametrize(
+    "name", ["demo.yaml", "laion_ingest.yaml", "laion_dedupe.yaml", "video_frames.yaml"]
+)
 def test_shipped_build_configs_validate_with_every_stage(name):
     cfg = load_build_config(REPO / "configs" / name, [])
     build_stages(cfg.stages)  # every stage's options validate

@@ -15,7 +15,7 @@ from PIL import Image
 
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.tario import iter_tar_samples
+from pipeline.tario import iter_tar_samples, write_tar
 from pipeline.video_data import (
     audio_only,
     encode_video,
@@ -220,3 +220,99 @@ def test_clip_score_and_near_dedupe_on_video_frames():
     assert np.allclose(scored["embedding"][0].astype(np.float32), mean, atol=2e-3)
     hashed = build_stage({"name": "near_dedupe"})(frames)
     assert hashed["__drop__"] == [None, None] and hashed["phash"][0] is not None
+
+
+def test_clip_split_by_scenes_then_frames_per_clip(ray_session, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name, data in {
+        "scenes_a": encode_video(84, 24, cuts=(24, 60)),
+        "scenes_b": encode_video(84, 24, cuts=(24, 60), codec="libvpx-vp9", container="webm"),
+        "plain": encode_video(48, 24),
+        "audio": audio_only(),
+    }.items():
+        ext = "webm" if name == "scenes_b" else "mp4"
+        (folder / f"{name}.{ext}").write_bytes(data)
+        (folder / f"{name}.txt").write_text(f"the {name} video")
+    cfg = BuildConfig.model_validate(
+        {
+            "source": {"kind": "videos", "path": str(folder), "files_per_task": 2},
+            "stages": [
+                {"name": "clip_split", "mode": "scenes", "analysis_fps": 24, "min_clip_s": 0.4},
+                {"name": "video_frames", "num_frames": 4, "size": 512, "crop": False},
+            ],
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    manifest = run_build(cfg, progress=False)
+    assert manifest["samples"] == 7  # 3 + 3 scenes, and the plain video whole
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    split = stats["stages"][1]
+    assert split == {**split, "in": 4, "out": 7, "dropped": {"no_video_stream": 1}}
+    assert stats["samples_in"] == 4 and stats["samples_out"] == 7
+    expected_bounds = {0: (0.0, 1.0), 1: (1.0, 2.5), 2: (2.5, 3.5)}
+    seen = set()
+    for shard in manifest["shards"]:
+        with open(tmp_path / "out" / shard["name"], "rb") as f:
+            for sample in iter_tar_samples(f):
+                meta = json.loads(sample["json"])
+                key = sample["__key__"]
+                seen.add(key)
+                if key.startswith("scenes"):
+                    start, end = expected_bounds[int(key[-4:])]
+                    assert (meta["clip_start"], meta["clip_end"]) == (start, end)
+                    numbers = [read_frame_number(f) for f in frames_of(sample)]
+                    assert all(start * 24 <= n < end * 24 for n in numbers), (key, numbers)
+                    times = [n / 24 for n in numbers]
+                    assert meta["frame_timestamps"] == pytest.approx(times, abs=2e-3)
+                else:
+                    assert (meta["clip_start"], meta["clip_end"]) == (0.0, 2.0)
+                    assert sample["mp4"] == (folder / "plain.mp4").read_bytes()  # not re-encoded
+    assert seen == {f"scenes_{s}_{i:04d}" for s in "ab" for i in range(3)} | {"plain_0000"}
+    parents = pq.read_table(tmp_path / "out" / "signatures")["parent"].to_pylist()
+    assert sorted(p for p in parents if p) == ["plain", *["scenes_a"] * 3, *["scenes_b"] * 3]
+
+
+def video_config(path, out, storage_options=None, kind="videos"):
+    return BuildConfig.model_validate(
+        {
+            "source": {"kind": kind, "path": path, "files_per_task": 2},
+            "stages": [{"name": "video_frames", "num_frames": 2, "size": 512, "crop": False}],
+            "output": {"path": str(out)},
+            "storage_options": storage_options or {},
+        }
+    )
+
+
+def test_videos_from_a_glob_a_list_on_s3_and_tar_shards(ray_session, s3, s3_bucket, tmp_path):
+    root = tmp_path / "v"
+    for sub, name, ext in (("a", "x", "mp4"), ("b", "y", "webm"), ("b", "z", "mp4")):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        codec = "libvpx-vp9" if ext == "webm" else "libx264"
+        (root / sub / f"{name}.{ext}").write_bytes(encode_video(24, 24, codec=codec, container=ext))
+        (root / sub / f"{name}.txt").write_text(f"video {name}")
+    globbed = run_build(video_config(f"{root}/*/*.mp4", tmp_path / "g"), progress=False)
+    assert globbed["samples"] == 2  # x.mp4 and z.mp4, not the webm
+    fs = s3.filesystem()
+    for path in root.glob("*/*.*"):
+        fs.put_file(str(path), f"{s3_bucket}/videos/{path.parent.name}/{path.name}")
+    listing = tmp_path / "list.csv"
+    listing.write_text("path,caption\na/x.mp4,first\nb/y.webm,second\nb/missing.mp4,third\n")
+    fs.put_file(str(listing), f"{s3_bucket}/videos/list.csv")
+    listed = run_build(
+        video_config(f"s3://{s3_bucket}/videos/list.csv", tmp_path / "l", s3.storage_options),
+        progress=False,
+    )
+    rows = {r["key"]: r for r in pq.read_table(tmp_path / "l" / "signatures").to_pylist()}
+    assert listed["samples"] == 2 and rows["000000002"]["drop_reason"] == "read_error"
+    shard = tmp_path / "shards" / "videos-000000.tar"
+    shard.parent.mkdir()
+    with open(shard, "wb") as f:
+        write_tar([{"__key__": "clip1", "mp4": encode_video(24), "txt": "from a tar"}], f)
+    from_tar = run_build(
+        video_config(str(shard), tmp_path / "t", kind="webdataset"), progress=False
+    )
+    assert from_tar["samples"] == 1
+    with open(tmp_path / "t" / from_tar["shards"][0]["name"], "rb") as f:
+        sample = next(iter_tar_samples(f))
+    assert [read_frame_number(x) for x in frames_of(sample)] == [6, 18]

@@ -1,0 +1,116 @@
+"""The `videos` source: a folder, a glob, or a list file (parquet/csv/tsv/jsonl) of videos.
+
+- folder: every .mp4/.webm/.avi/.mkv/.mov under it, captions from sidecar `<name>.txt`
+  (the same reader as `images`);
+- glob (`s3://bucket/videos/*/*.mp4`): the matching video files, captions from sidecars;
+- list file: one row per video, `path_column` (default `path`: absolute, a URL, or relative to
+  the list's folder) and `caption_column`; keys are the row numbers (`000000042`), so a rerun
+  gives the same keys.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipeline.config import SourceConfig
+from pipeline.config_io import ConfigError
+from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
+from pipeline.source_urls import FORMATS, read_table
+from pipeline.storage import filesystem, protocol_of, with_protocol
+from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Batch
+
+VIDEO_EXTS = set(VIDEO_COLUMNS)
+GLOB_CHARS = "*?["
+
+
+def is_list_file(path: str) -> bool:
+    return any(path.removesuffix(".gz").endswith(suffix) for suffix in FORMATS)
+
+
+def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Matching video files under the glob's fixed prefix, as `images`-style partitions."""
+    fs, pattern = filesystem(cfg.path, storage_options)
+    prefix = pattern[: min(pattern.find(c) for c in GLOB_CHARS if c in pattern)]
+    root = prefix.rpartition("/")[0]
+    files = sorted(p for p in fs.glob(pattern) if p.rpartition(".")[2].lower() in VIDEO_EXTS)
+    if not files:
+        raise ConfigError(f"source.path: no video files match {cfg.path}")
+    entries = []
+    for path in files:
+        rel = path[len(root) + 1 :] if root else path
+        entries.append({"rel": rel, "key": sanitize_key(rel.rpartition(".")[0]), "txt": True})
+    size = cfg.files_per_task
+    return [
+        {
+            "kind": "videos",
+            "part": i,
+            "root": root,
+            "protocol": protocol_of(cfg.path),
+            "entries": entries[start : start + size],
+        }
+        for i, start in enumerate(range(0, len(entries), size))
+    ]
+
+
+def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of the list file in partitions of `files_per_task`: (key, video URL, caption)."""
+    fs, path = filesystem(cfg.path, storage_options)
+    if not fs.isfile(path):
+        raise ConfigError(f"source.path: file not found: {cfg.path}")
+    table = read_table(fs, path, (cfg.path_column, cfg.caption_column))
+    for column in (cfg.path_column, cfg.caption_column):
+        if column not in table.column_names:
+            raise ConfigError(f"source: column {column!r} not in {cfg.path}")
+    folder = cfg.path.rpartition("/")[0]
+    rows = []
+    columns = zip(
+        table[cfg.path_column].to_pylist(), table[cfg.caption_column].to_pylist(), strict=True
+    )
+    for index, (raw_path, raw_caption) in enumerate(columns):
+        video, _ = decode_caption(raw_path) if isinstance(raw_path, bytes) else (raw_path, None)
+        caption, reason = (
+            decode_caption(raw_caption) if isinstance(raw_caption, bytes) else (raw_caption, None)
+        )
+        url = video if not video or "://" in video or video.startswith("/") else f"{folder}/{video}"
+        rows.append({"key": f"{index:09d}", "url": url, "caption": caption, "reason": reason})
+    size = cfg.files_per_task
+    return [
+        {"kind": "video_list", "part": i, "rows": rows[start : start + size]}
+        for i, start in enumerate(range(0, len(rows), size))
+    ]
+
+
+def read_video_list(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
+    """Fetch one partition's videos (one batched `cat` per filesystem)."""
+    batch = empty_batch()
+    by_protocol: dict[str, list[str]] = {}
+    for row in part["rows"]:
+        if row["url"]:
+            by_protocol.setdefault(protocol_of(row["url"]), []).append(row["url"])
+    blobs: dict[str, Any] = {}
+    for protocol, urls in by_protocol.items():
+        fs, _ = filesystem(with_protocol(protocol, "/"), storage_options)
+        paths = [filesystem(url, storage_options)[1] for url in urls]
+        fetched = fs.cat(paths, on_error="return")
+        blobs.update({url: fetched.get(p) for url, p in zip(urls, paths, strict=True)})
+    for index, row in enumerate(part["rows"]):
+        append_sample(batch, video_row(row, blobs.get(row["url"]), part["part"], index))
+    return batch
+
+
+def video_row(row: dict[str, Any], data: Any, part: int, index: int) -> dict[str, Any]:
+    sample: dict[str, Any] = {
+        "__key__": row["key"],
+        "__part__": part,
+        "__index__": index,
+        "__source__": row["url"],
+        "txt": row["caption"],
+        "json": json.dumps({"source": row["url"]}),
+    }
+    ext = (row["url"] or "").rpartition(".")[2].lower()
+    if not row["url"] or isinstance(data, Exception) or data is None:
+        return sample | {DROP: "read_error", DROP_STAGE: SOURCE}
+    if row.get("reason"):
+        return sample | {DROP: row["reason"], DROP_STAGE: SOURCE}
+    return sample | {ext if ext in VIDEO_EXTS else "mp4": data}

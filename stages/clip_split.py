@@ -1,0 +1,104 @@
+"""clip_split: one video sample becomes one sample per clip (fixed windows or scene cuts).
+
+Runs in the isolated decoder process with a time limit, like video_frames (put it before
+video_frames so frames are sampled per clip). Clip keys are `<key>_0000`, `<key>_0001`, ...;
+each clip keeps its caption and gets `clip_start`/`clip_end` (seconds in the source) and
+`source_key` in its JSON, and the `__parent__` column (the source key) in the signatures, so
+stats count videos in and clips out. A clip that is the whole video keeps the source bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from stages.base import DROP, DROP_STAGE, Batch, Stage, StageOptions, is_media_column, register
+from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from stages.video_frames import video_column
+from stages.video_split import split_video
+
+CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
+PARENT = "__parent__"
+
+
+class ClipSplitOptions(StageOptions):
+    mode: Literal["scenes", "fixed"] = "scenes"
+    window_s: float = Field(10.0, gt=0, description="fixed: clip length")
+    stride_s: float | None = Field(None, gt=0, description="fixed: start to start; None: window")
+    threshold: float = Field(30.0, gt=0, description="scenes: mean grey difference (0-255)")
+    analysis_fps: float = Field(4.0, gt=0, description="scenes: frames a second compared")
+    min_clip_s: float = Field(1.0, ge=0, description="shorter clips are left out")
+    max_clips: int | None = Field(None, ge=1, lt=CLIP_SLOTS)
+    timeout_s: float = Field(120.0, gt=0, description="per video, then the decoder is killed")
+
+
+@register
+class ClipSplit(Stage):
+    name = "clip_split"
+    Options = ClipSplitOptions
+    expands: ClassVar[bool] = True
+
+    def setup(self) -> None:
+        self.decoder = Isolated(preload=("stages.video_split", "av"))
+
+    def __call__(self, batch: Batch) -> Batch:
+        if not self._ready:
+            self.setup()
+            self._ready = True
+        started = time.perf_counter()
+        rows: list[dict] = []
+        for row in range(len(batch[DROP])):
+            sample = {col: values[row] for col, values in batch.items()}
+            sample.setdefault(PARENT, None)
+            sample["__index__"] = (sample.get("__index__") or 0) * CLIP_SLOTS
+            rows.extend(self.split_one(sample))
+        out = {col: [r.get(col) for r in rows] for col in {c for r in rows for c in r}}
+        per_sample = (time.perf_counter() - started) / max(len(rows), 1)
+        out[self.timing_column] = [per_sample] * len(rows)
+        return out
+
+    def split_one(self, sample: dict) -> list[dict]:
+        if sample[DROP] is not None:
+            return [sample]
+        col = video_column({c: [v] for c, v in sample.items()}, 0)
+        clips, reason = (None, "no_video") if col is None else self.split(sample[col])
+        if not clips:
+            return [dropped(sample, reason or "no_clips", self.name)]
+        key, meta = sample["__key__"], json.loads(sample.get("json") or "{}")
+        out = []
+        for i, clip in enumerate(clips):
+            extra = {"clip_start": clip["start"], "clip_end": clip["end"], "source_key": key}
+            out.append(
+                sample
+                | {
+                    "__key__": f"{key}_{i:04d}",
+                    "__index__": sample["__index__"] + i,
+                    PARENT: key,
+                    col: clip["data"] if clip["data"] is not None else sample[col],
+                    "json": json.dumps(meta | extra, sort_keys=True),
+                }
+            )
+        return out
+
+    def split(self, data: bytes) -> tuple[list | None, str | None]:
+        try:
+            return self.decoder.call(
+                split_video, (data, self.options.model_dump()), self.options.timeout_s
+            ), None
+        except CallTimeout:
+            return None, "decode_timeout"
+        except CallCrashed:
+            return None, "decode_error"
+        except CallFailed as err:
+            kind = str(err).split(":", 1)[0]
+            return None, {"NoVideoStream": "no_video_stream", "NoFrames": "no_frames"}.get(
+                kind, "decode_error"
+            )
+
+
+def dropped(sample: dict, reason: str, stage: str) -> dict:
+    out = {col: (None if is_media_column(col) else value) for col, value in sample.items()}
+    return out | {DROP: reason, DROP_STAGE: stage}
