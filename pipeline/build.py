@@ -27,6 +27,7 @@ from pipeline.config_io import ConfigError
 from pipeline.embeddings import EMBEDDING_COLUMNS, write_embeddings
 from pipeline.mapreduce import RayRunner
 from pipeline.raysession import connect, run_tasks
+from pipeline.report import render_report
 from pipeline.resume import (
     WORK_DIR,
     AlreadyBuilt,
@@ -333,9 +334,18 @@ def commit(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     write_bytes_atomic(fs, join(out, "shardindex.json"), json.dumps(wids_index(entries)).encode())
+    write_report(cfg, manifest)
     write_bytes_atomic(fs, join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
     remove_tree(fs, join(out, WORK_DIR))
     return manifest
+
+
+def write_report(cfg: BuildConfig, manifest: dict) -> None:
+    """report.html before the manifest; a report that fails is logged, never fails the build."""
+    try:
+        render_report(cfg.output.path, cfg.storage_options, manifest)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        log.warning("report.html not written: %s: %s", type(err).__name__, err)
 
 
 def wids_index(entries: list[dict]) -> dict[str, Any]:

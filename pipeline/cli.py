@@ -1,4 +1,4 @@
-"""`mmcurate build | train | demo` (also `python -m pipeline ...`)."""
+"""`mmcurate build | train | report | demo` (also `python -m pipeline ...`)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     train = sub.add_parser("train", help="train a CLIP model on built shards")
     train.add_argument("args", nargs=argparse.REMAINDER)
+    report = sub.add_parser("report", help="render <output>/report.html again")
+    report.add_argument("output", help="a build's output folder (any fsspec URL)")
+    report.add_argument(
+        "--storage-options", default="{}", help="fsspec options as JSON (default: environment)"
+    )
     demo = sub.add_parser("demo", help="the embedded end-to-end demo (no network, no GPU)")
     demo.add_argument("--out", default="demo-output", help="folder for everything it makes")
     demo.add_argument("--samples", type=int, default=500)
@@ -45,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             return build_command(args)
+        if args.command == "report":
+            from pipeline.report import render_report
+
+            print(render_report(args.output, json.loads(args.storage_options)))
+            return 0
         if args.command == "train":
             from trainer.cli import main as train_main
 

@@ -40,6 +40,9 @@ def run_demo(out: str, samples: int = 500, steps: int = 40) -> int:
         cfg = load_build_config(DEMO_CONFIG, build_overrides(root, s3))
         manifest = run_build(cfg)
         show_build(s3, cfg.output.path)
+        report = root / "report.html"
+        s3.filesystem().get_file(f"{BUCKET}/build/report.html", str(report))
+        print(f"\nreport: {report} (a copy of s3://{BUCKET}/build/report.html; open it offline)")
         train_cfg = load_train_config(DEMO_TRAIN_CONFIG, train_overrides(root, s3, steps))
         summary = train(train_cfg)
         show_training(summary, root / "train")
