@@ -6,8 +6,12 @@ import argparse
 import json
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from pipeline.config_io import ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.config import BuildConfig
 
 
 def parser() -> argparse.ArgumentParser:
@@ -74,6 +78,7 @@ def build_command(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + (["output.overwrite=true"] if args.overwrite else [])
     cfg = load_build_config(args.config, overrides)
     manifest = run_build(cfg, progress=not args.no_progress)
+    print_summary(cfg)
     print(
         json.dumps(
             {
@@ -84,6 +89,18 @@ def build_command(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def print_summary(cfg: BuildConfig) -> None:
+    """The stage table and phase times at the end of a build (stats.json, read back)."""
+    from pipeline.stats import stage_table
+    from pipeline.storage import filesystem, join
+
+    fs, root = filesystem(cfg.output.path, cfg.storage_options)
+    stats = json.loads(fs.cat_file(join(root, "stats.json")))
+    phases = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in stats["phases"].items())
+    report = join(cfg.output.path, "report.html")
+    print(f"{stage_table(stats)}\n  phases: {phases}\n  report: {report}")
 
 
 if __name__ == "__main__":

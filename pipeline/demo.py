@@ -16,6 +16,7 @@ from pipeline.build import run_build
 from pipeline.config import load_build_config
 from pipeline.demo_data import make_demo_images
 from pipeline.objectstore import LocalS3
+from pipeline.stats import stage_table
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train_clip.yaml"
@@ -88,10 +89,7 @@ def show_build(s3: LocalS3, output: str) -> None:
     for entry in listing:
         print(f"  {entry['name'].rpartition('/')[2]:<24} {entry.get('size', 0):>10,} bytes")
     stats = json.loads(fs.cat(f"{output.removeprefix('s3://')}/stats.json"))
-    print("\nstage            in    out  dropped")
-    for stage in stats["stages"]:
-        dropped = ", ".join(f"{k}={v}" for k, v in stage["dropped"].items()) or "-"
-        print(f"  {stage['name']:<14} {stage['in']:>5} {stage['out']:>5}  {dropped}")
+    print(f"\n{stage_table(stats)}")
 
 
 def show_training(summary: dict[str, Any], run_dir: Path) -> None:

@@ -66,3 +66,12 @@ def stage_seconds(signatures: pa.Table, stages: list[Stage]) -> dict[str, float]
         if col in signatures.column_names:
             out[stage.name] = float(sum(v or 0.0 for v in signatures[col].to_pylist()))
     return out
+
+
+def stage_table(stats: dict) -> str:
+    """The per-stage counts as a small terminal table."""
+    lines = [f"  {'stage':<16} {'in':>7} {'out':>7}  dropped"]
+    for stage in stats["stages"]:
+        dropped = ", ".join(f"{k}={v}" for k, v in stage["dropped"].items()) or "-"
+        lines.append(f"  {stage['name']:<16} {stage['in']:>7} {stage['out']:>7}  {dropped}")
+    return "\n".join(lines)
