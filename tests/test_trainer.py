@@ -351,3 +351,13 @@ def test_cli_exit_codes(manifest_path, tmp_path, capsys):
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.strip().splitlines()[-1])["steps"] == 2
     assert (tmp_path / "ok" / "checkpoints" / "step-2.pt").is_file()
+
+
+def test_training_through_the_shard_cache(manifest_path, tmp_path):
+    cfg_tree = tree(manifest_path, tmp_path / "run", max_steps=6)
+    cfg_tree["data"].update({"cache_dir": str(tmp_path / "cache"), "cache_limit": "100MB"})
+    summary = train(TrainConfig.model_validate(cfg_tree))
+    assert summary["steps"] == 6
+    cached = sorted(p.stat().st_size for p in (tmp_path / "cache").glob("*.tar"))
+    manifest = read_manifest(str(manifest_path))
+    assert cached == sorted(s.bytes for s in manifest.shards)  # every shard, downloaded whole

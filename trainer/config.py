@@ -44,8 +44,8 @@ class _Section(BaseModel):
 
 class DataConfig(_Section):
     manifest: str  # a build's manifest.json: local path or any fsspec URL (s3://...)
-    cache_dir: str | None = None  # local (NVMe) shard cache folder; not used yet
-    cache_limit: str | None = None  # cache size cap such as "10GB"; not used yet
+    cache_dir: str | None = None  # local (NVMe) shard cache folder, shared on the node
+    cache_limit: str | None = None  # cache size cap such as "10GB" (default 100GB)
     batch_size: int = Field(32, gt=0)
     workers: int = Field(2, ge=0)
     seed: int = 0

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.tario import iter_tar_samples
 from stages.base import FRAME_COLUMN, IMAGE_COLUMNS
+from trainer.cache import ShardCache
 from trainer.config import DataConfig
 from trainer.manifest import Manifest
 
@@ -71,8 +72,12 @@ class ShardDataset(IterableDataset):
         tokenizer: Callable[..., torch.Tensor],
         seed: int = 0,
         storage_options: dict[str, Any] | None = None,
+        cache: tuple[str, int] | None = None,
     ) -> None:
         self.urls = [shard.url for shard in manifest.shards]
+        self.shard_info = {shard.url: shard for shard in manifest.shards}
+        self.cache_spec = cache  # (folder, byte limit): read shards through a local ShardCache
+        self._cache: ShardCache | None = None
         self.preprocess = preprocess
         self.tokenizer = tokenizer
         self.seed = seed
@@ -89,12 +94,31 @@ class ShardDataset(IterableDataset):
         return worker_shards(shard_order(self.urls, self.seed, self.epoch), worker, num_workers)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for url in self.my_shards():
+        shards = self.my_shards()
+        for index, url in enumerate(shards):
+            if self.cache_spec:
+                self.cache().prefetch([self.shard_entry(u) for u in shards[index + 1 : index + 3]])
             yield from self.read_shard(url)
+
+    def cache(self) -> ShardCache:
+        """This process's handle on the node's shard cache (made after the worker forks)."""
+        if self._cache is None:
+            folder, limit = self.cache_spec
+            self._cache = ShardCache(folder, limit, self.storage_options)
+        return self._cache
+
+    def shard_entry(self, url: str) -> tuple[str, str | None, int]:
+        shard = self.shard_info[url]
+        return url, shard.sha256, shard.bytes
+
+    def open_shard(self, url: str) -> Any:
+        if self.cache_spec:
+            return self.cache().open(*self.shard_entry(url))
+        return fsspec.open(url, "rb", **self.storage_options)
 
     def read_shard(self, url: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         skipped = 0
-        with fsspec.open(url, "rb", **self.storage_options) as f:
+        with self.open_shard(url) as f:
             for sample in iter_tar_samples(f):
                 pair = self.to_pair(sample)
                 if pair is None:

@@ -310,13 +310,21 @@ def build_parts(cfg: TrainConfig, device: torch.device, total_steps: int) -> tup
     return parts, (preprocess, tokenizer)
 
 
+DEFAULT_CACHE_LIMIT = 100 * 10**9  # when cache_dir is set without cache_limit
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train a CLIP model on a build's shards; returns a summary of the run."""
     manifest = read_manifest(cfg.data.manifest, cfg.storage_options)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.data.seed)
     parts, (preprocess, tokenizer) = build_parts(cfg, device, planned_steps(cfg, manifest.samples))
-    dataset = ShardDataset(manifest, preprocess, tokenizer, cfg.data.seed, cfg.storage_options)
+    cache = None
+    if cfg.data.cache_dir:
+        cache = (cfg.data.cache_dir, cfg.data.cache_limit_bytes or DEFAULT_CACHE_LIMIT)
+    dataset = ShardDataset(
+        manifest, preprocess, tokenizer, cfg.data.seed, cfg.storage_options, cache=cache
+    )
     loader = make_loader(dataset, cfg.data, pin_memory=device.type == "cuda")
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
