@@ -80,3 +80,39 @@ def test_semantic_dedupe_in_a_build_drops_identical_embeddings(ray_session, tmp_
     embeddings = np.load(tmp_path / "out" / "embeddings" / "img_emb" / "img_emb_0000.npy")
     assert embeddings.dtype == np.float16 and embeddings.shape == (manifest["samples"], 64)
     assert "embedding" not in pq.read_table(tmp_path / "out" / "signatures").column_names
+
+
+def test_ray_map_reduce_with_many_partitions_matches_brute_force(ray_session, monkeypatch):
+    import numpy as np
+
+    import stages.near_dedupe as near_module
+    from pipeline.mapreduce import RayRunner
+    from stages.hamming import brute_force_pairs, plan_tables
+    from stages.near_dedupe import close_pairs
+
+    rng = np.random.default_rng(4)
+    hashes = rng.integers(0, 2**64 - 1, size=3000, dtype=np.uint64, endpoint=True)
+    hashes[1::3] = hashes[::3][: len(hashes[1::3])] ^ np.uint64(0b1011)  # distance 3
+    monkeypatch.setattr(near_module, "REDUCE_BYTES", 8192)  # route across several reduces
+    plan = plan_tables(len(hashes), 4, 0.99, mode="exact")
+    a, b = close_pairs(hashes, plan, RayRunner(), wave_bytes=1 << 17)
+    assert set(zip(a.tolist(), b.tolist(), strict=True)) == brute_force_pairs(hashes, 4)
+
+
+def test_exact_decisions_routed_through_ray_match_in_process(ray_session, monkeypatch):
+    import numpy as np
+    import pyarrow as pa
+
+    import stages.exact_dedupe as exact_module
+    from pipeline.mapreduce import RayRunner
+    from stages.registry import build_stage
+
+    rng = np.random.default_rng(6)
+    keys = [f"k{i:04d}" for i in rng.permutation(500)]
+    digests = [f"{int(v):064x}" for v in rng.integers(0, 60, size=500)]
+    table = pa.table({"__key__": keys, "__drop__": [None] * 500, "sha256": digests})
+    stage = build_stage({"name": "exact_dedupe"})
+    in_process = stage.decide(table)
+    monkeypatch.setattr(exact_module, "partitions_for", lambda *_: 5)
+    assert stage.decide(table, RayRunner()) == in_process
+    assert len(in_process) == 500 - len(set(digests))
