@@ -22,6 +22,7 @@ from typing import IO, Any
 import open_clip
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from pipeline.config_io import ConfigError
 from trainer.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -240,12 +241,16 @@ class Trainer:
         self.last_loss: torch.Tensor | None = None
         self.last_lr = 0.0
         self.checkpoint: Path | None = None
+        # A progress bar on a terminal only (tqdm turns itself off when stderr is not a TTY).
+        self.bar = tqdm(total=cfg.run.max_steps, unit="step", desc="train", disable=None)
 
     def fit(self) -> None:
+        self.bar.update(self.state.step)  # a resumed run starts where it stopped
         while not finished(self.cfg, self.state):
             self.dataset.set_epoch(self.state.epoch)
             self.run_epoch()
         self.finish()
+        self.bar.close()
 
     def run_epoch(self) -> None:
         batches, tick = 0, time.perf_counter()
@@ -272,6 +277,7 @@ class Trainer:
         state.step += 1
         state.samples_seen += samples
         state.samples_in_epoch += samples
+        self.bar.update()
         if self.first_loss is None:
             self.first_loss = loss.item()
         self.last_loss, self.last_lr = loss, lr
@@ -282,6 +288,11 @@ class Trainer:
 
     def log(self, lr: float) -> None:
         row = self.meter.flush(self.state) | {"lr": lr}
+        self.bar.set_postfix(
+            loss=f"{row['loss']:.3f}",
+            samples_s=f"{row['samples_per_s']:.0f}",
+            data_wait=f"{row['data_wait_frac']:.0%}",
+        )
         self.metrics.write(json.dumps(row) + "\n")
         self.metrics.flush()
 
