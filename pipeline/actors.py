@@ -70,28 +70,68 @@ def pool_shape(stage: Stage, cluster_gpus: float) -> tuple[float, int] | None:
     return (0.0, opts.concurrency) if opts.concurrency else None
 
 
+START_S = 900  # for every actor of a pool to load its model
+
+
 def start_pools(stages: list[Stage]) -> dict[int, RemoteEncoder]:
-    """Start the actor pools the stages ask for; returns an encoder per stage index."""
+    """Start the actor pools the stages ask for; returns an encoder per stage index. A pool
+    that cannot be placed or loaded fails the build in one line, and stops what it started."""
     cluster_gpus = float(ray.cluster_resources().get("GPU", 0))
+    node_gpus = max((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
     encoders: dict[int, RemoteEncoder] = {}
-    for stage in stages:
-        if not hasattr(stage, "encoder"):
-            continue
-        shape = pool_shape(stage, cluster_gpus)
-        if shape is None:
-            continue
-        gpus, count = shape
-        opts = stage.options
-        device = "cuda" if gpus > 0 else "cpu"
-        actor_class = ray.remote(ModelActor).options(num_gpus=gpus, num_cpus=0 if gpus else 1)
-        actors = [
-            actor_class.remote(opts.model, opts.pretrained, device, opts.precision)
-            for _ in range(count)
-        ]
-        transforms = ray.get([a.transform.remote() for a in actors])  # all loaded and ready
-        log.info("%s: %d actors, %g GPU each", stage.name, count, gpus)
-        encoders[stage.index] = RemoteEncoder(actors, *transforms[0])
+    try:
+        for stage in stages:
+            shape = pool_shape(stage, cluster_gpus) if hasattr(stage, "encoder") else None
+            if shape is not None:
+                check_fits(stage, *shape, cluster_gpus, node_gpus)
+                encoders[stage.index] = start_pool(stage, *shape)
+    except BaseException:
+        stop_pools(encoders)
+        raise
     return encoders
+
+
+def check_fits(stage: Stage, gpus: float, count: int, cluster: float, node: float) -> None:
+    where = f"stages.{stage.index}"
+    if gpus > node:
+        raise ConfigError(
+            f"{where}.num_gpus: {gpus:g} per actor, but no node has more than {node:g}"
+        )
+    cpus = float(ray.cluster_resources().get("CPU", 0))
+    if gpus == 0 and count >= cpus:
+        raise ConfigError(
+            f"{where}.concurrency: {count} CPU actors leave none of the cluster's {cpus:g} CPUs "
+            "for the partition tasks"
+        )
+    if gpus * count > cluster:
+        raise ConfigError(
+            f"{where}.concurrency: {count} actors x {gpus:g} GPU exceed the cluster's {cluster:g}"
+        )
+
+
+def start_pool(stage: Stage, gpus: float, count: int) -> RemoteEncoder:
+    opts = stage.options
+    device = "cuda" if gpus > 0 else "cpu"
+    actor_class = ray.remote(ModelActor).options(num_gpus=gpus, num_cpus=0 if gpus else 1)
+    actors = [
+        actor_class.remote(opts.model, opts.pretrained, device, opts.precision)
+        for _ in range(count)
+    ]
+    encoder = RemoteEncoder(actors, None, 0)
+    try:
+        transforms = ray.get([a.transform.remote() for a in actors], timeout=START_S)
+    except ray.exceptions.GetTimeoutError:
+        stop_pools({0: encoder})
+        raise ConfigError(
+            f"stages.{stage.index}: {count} model actors did not start in {START_S}s "
+            "(not enough CPUs or GPUs free?)"
+        ) from None
+    except BaseException:
+        stop_pools({0: encoder})
+        raise
+    encoder.transform, encoder.side = transforms[0]
+    log.info("%s: %d actors, %g GPU each", stage.name, count, gpus)
+    return encoder
 
 
 def stop_pools(encoders: dict[int, RemoteEncoder]) -> None:

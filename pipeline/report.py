@@ -89,7 +89,7 @@ def source_picture(fs: Any, row: dict) -> bytes | None:
         return None
     try:
         return fs.cat_file(source)
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001  (any storage backend's error: the thumbnail is skipped)
         return None
 
 
@@ -106,7 +106,8 @@ def thumb(data: bytes | None, caption: str = "", note: str = "") -> str:
                 out = io.BytesIO()
                 image.save(out, "JPEG", quality=80)
             img = f'<img src="data:image/jpeg;base64,{base64.b64encode(out.getvalue()).decode()}">'
-        except (OSError, ValueError):
+        # Why broad: any image that cannot be thumbnailed (bombs, odd modes) is shown as such.
+        except Exception:  # noqa: BLE001
             img = '<div class="missing">undecodable</div>'
     label = html.escape(caption[:80])
     tag = f"<b>{html.escape(note)}</b><br>" if note else ""

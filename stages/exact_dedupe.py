@@ -14,6 +14,7 @@ import io
 from functools import partial
 from typing import Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from PIL import Image
@@ -81,11 +82,15 @@ class ExactDedupe(Stage):
 
 
 def route_by_hash(block: pa.Table, partitions: int) -> list[pa.Table]:
-    """Split rows by the first byte of their sha256, so equal hashes meet in one reduce."""
+    """Split rows by the first two bytes of their sha256 (65,536 routes), so equal hashes
+    meet in one reduce."""
     if partitions == 1:
         return [block]
-    first_byte = pc.index_in(pc.utf8_slice_codeunits(block["sha256"], 0, 2), value_set=HEX_PAIRS)
-    part = first_byte.to_numpy(zero_copy_only=False) % partitions
+    route = np.zeros(block.num_rows, np.int64)
+    for start in (0, 2):
+        byte = pc.index_in(pc.utf8_slice_codeunits(block["sha256"], start, start + 2), HEX_PAIRS)
+        route = route * 256 + byte.to_numpy(zero_copy_only=False).astype(np.int64)
+    part = route % partitions
     return [block.filter(pa.array(part == p)) for p in range(partitions)]
 
 

@@ -31,12 +31,18 @@ class CallFailed(Exception):
 
 
 class Isolated:
-    """`preload`: modules the child imports when it starts, outside any call's time limit."""
+    """`preload`: modules the child imports when it starts, outside any call's time limit.
+
+    Every request carries a number and the answer must carry the same one; any interruption
+    between sending and receiving (a timeout, a crash, an exception in the caller) kills the
+    child, so an answer can never be taken for a later call's.
+    """
 
     def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self.process: subprocess.Popen | None = None
         self.conn: Connection | None = None
         self.preload = preload
+        self.sequence = 0
 
     def start(self) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -53,10 +59,10 @@ class Isolated:
         self.conn = Connection(from_child_r, readable=True, writable=False)
         self.send = Connection(to_child_w, readable=False, writable=True)
         if self.preload:
-            self.send.send((import_modules, (self.preload,)))
-            if not self.conn.poll(STARTUP_S):
-                raise CallCrashed(f"decoder process did not start in {STARTUP_S}s")
-            self.conn.recv()
+            try:
+                self.exchange(import_modules, (self.preload,), STARTUP_S)
+            except CallTimeout:
+                raise CallCrashed(f"decoder process did not start in {STARTUP_S}s") from None
 
     def stop(self) -> None:
         if self.process is not None:
@@ -70,18 +76,28 @@ class Isolated:
         if self.process is None or self.process.poll() is not None:
             self.stop()
             self.start()
-        try:
-            self.send.send((fn, args))
-            if not self.conn.poll(timeout):
-                self.stop()
-                raise CallTimeout(f"no answer in {timeout:g}s")
-            status, value = self.conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as err:
-            self.stop()
-            raise CallCrashed(type(err).__name__) from None
+        status, value = self.exchange(fn, args, timeout)
         if status == "error":
             raise CallFailed(value)
         return value
+
+    def exchange(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[str, Any]:
+        """Send one numbered request and wait for its answer; on anything else, kill the child."""
+        self.sequence += 1
+        try:
+            self.send.send((self.sequence, fn, args))
+            if not self.conn.poll(timeout):
+                raise CallTimeout(f"no answer in {timeout:g}s")
+            number, status, value = self.conn.recv()
+            if number != self.sequence:
+                raise CallCrashed(f"answer {number} for request {self.sequence}")
+            return status, value
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as err:
+            self.stop()
+            raise CallCrashed(type(err).__name__) from None
+        except BaseException:
+            self.stop()
+            raise
 
 
 STARTUP_S = 120
@@ -95,13 +111,13 @@ def import_modules(names: tuple[str, ...]) -> None:
 def serve(reader: Connection, writer: Connection) -> None:
     while True:
         try:
-            fn, args = reader.recv()
+            number, fn, args = reader.recv()
         except EOFError:
             return
         try:
-            writer.send(("ok", fn(*args)))
+            writer.send((number, "ok", fn(*args)))
         except Exception as err:  # noqa: BLE001  (any failure of the call goes back as data)
-            writer.send(("error", f"{type(err).__name__}: {err}"))
+            writer.send((number, "error", f"{type(err).__name__}: {err}"))
 
 
 if __name__ == "__main__":

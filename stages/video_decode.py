@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 FAULT_TOLERANCE = 0.05  # more than 5% recovered (repeated) frames is an error
+MAX_FRAMES = 999  # frame columns are 000.jpg .. 998.jpg; longer plans are thinned evenly
+CHUNK = 32  # frames decoded (and held at full size) at a time
 
 
 class NoVideoStream(Exception):
@@ -32,7 +35,16 @@ class NoFrames(Exception):
 def plan_indices(
     mode: str, frame_count: int, fps: float, num_frames: int, every_fps: float, keys: list[int]
 ) -> list[int]:
-    """Frame numbers to decode, ascending and unique."""
+    """Frame numbers to decode, ascending and unique, at most MAX_FRAMES."""
+    plan = full_plan(mode, frame_count, fps, num_frames, every_fps, keys)
+    if len(plan) > MAX_FRAMES:
+        plan = [plan[int((i + 0.5) * len(plan) / MAX_FRAMES)] for i in range(MAX_FRAMES)]
+    return plan
+
+
+def full_plan(
+    mode: str, frame_count: int, fps: float, num_frames: int, every_fps: float, keys: list[int]
+) -> list[int]:
     if frame_count <= 0:
         return []
     if mode == "uniform":
@@ -66,33 +78,42 @@ def to_jpeg(pixels: np.ndarray, size: int, crop: bool, quality: int) -> bytes:
 
 
 def sample_video(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
-    """{frames: [jpeg], indices, timestamps, fps, frame_count, width, height, decoder}."""
+    """{frames: [jpeg], indices, timestamps, fps, frame_count, width, height, decoder}. Frames
+    are JPEG-encoded as they are decoded, so a long fps-mode plan never sits in memory whole."""
     try:
         decoded = with_decord(data, opts)
     except (NoFrames, NoVideoStream):
         raise
     except Exception:  # noqa: BLE001  (decord raises its own and generic errors; try PyAV)
         decoded = with_pyav(data, opts)
-    frames = [
-        to_jpeg(f, opts["size"], opts["crop"], opts["quality"]) for f in decoded.pop("pixels")
-    ]
-    return {"frames": frames, **decoded}
+    return decoded
 
 
-def with_decord(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
+def jpeg_encoder(opts: dict[str, Any]) -> Callable[[np.ndarray], bytes]:
+    return lambda pixels: to_jpeg(pixels, opts["size"], opts["crop"], opts["quality"])
+
+
+def with_decord(
+    data: bytes, opts: dict[str, Any], encode: Callable[[np.ndarray], Any] | None = None
+) -> dict[str, Any]:
+    """decord: planned frames, CHUNK at a time, each passed through `encode` (JPEG)."""
     import decord
 
+    encode = encode or jpeg_encoder(opts)
     reader = decord.VideoReader(io.BytesIO(data), num_threads=1, fault_tol=FAULT_TOLERANCE)
     count, fps = len(reader), float(reader.get_avg_fps())
     if count == 0:
         raise NoFrames("no frames")
     keys = reader.get_key_indices().tolist() if opts["mode"] == "keyframes" else []
     indices = plan_indices(opts["mode"], count, fps, opts["num_frames"], opts["fps"], keys)
-    pixels = reader.get_batch(indices).asnumpy()
+    frames, height, width = [], 0, 0
+    for start in range(0, len(indices), CHUNK):  # full-size frames held CHUNK at a time
+        pixels = reader.get_batch(indices[start : start + CHUNK]).asnumpy()
+        height, width = pixels.shape[1:3]
+        frames += [encode(f) for f in pixels]
     times = reader.get_frame_timestamp(indices)[:, 0].tolist()
-    height, width = pixels.shape[1:3]
     return {
-        "pixels": list(pixels),
+        "frames": frames,
         "indices": indices,
         "timestamps": [round(float(t), 4) for t in times],
         "fps": fps,
@@ -115,25 +136,27 @@ def with_pyav(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
         count = sum(1 for p in box.demux(stream) if p.size)
     keyframes: list[int] = []
     indices = plan_indices(opts["mode"], count, fps, opts["num_frames"], opts["fps"], keyframes)
-    wanted, pixels, times = set(indices), [], []
+    wanted, pixels, times, size = set(indices), [], [], (0, 0)
     with av.open(io.BytesIO(data)) as box:
         stream = box.streams.video[0]
         for number, frame in enumerate(box.decode(stream)):
             if number in wanted:
-                pixels.append(frame.to_ndarray(format="rgb24"))
+                rgb = frame.to_ndarray(format="rgb24")
+                size = (rgb.shape[1], rgb.shape[0])
+                pixels.append(jpeg_encoder(opts)(rgb))
                 times.append(float(frame.time) if frame.time is not None else number / fps)
             if number >= indices[-1] if indices else True:
                 break
     if not pixels:
         raise NoFrames("no frames decoded")
     return {
-        "pixels": pixels,
+        "frames": pixels,
         "indices": indices[: len(pixels)],
         "timestamps": [round(t, 4) for t in times],
         "fps": fps,
         "frame_count": count,
-        "width": int(pixels[0].shape[1]),
-        "height": int(pixels[0].shape[0]),
+        "width": int(size[0]),
+        "height": int(size[1]),
         "decoder": "pyav",
     }
 

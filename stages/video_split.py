@@ -10,6 +10,7 @@ same size and frame rate, video only).
 from __future__ import annotations
 
 import io
+from fractions import Fraction
 from typing import Any
 
 import av
@@ -80,10 +81,13 @@ def split_video(data: bytes, opts: dict[str, Any]) -> list[dict[str, Any]]:
     bounds = [(a, b) for a, b in bounds if b - a >= opts["min_clip_s"] - 1e-9]
     bounds = bounds[: opts["max_clips"]] if opts.get("max_clips") else bounds
     spans = [(round(a * fps), min(count, round(b * fps))) for a, b in bounds]
-    encoded = encode_clips(data, spans, fps, size, skip=(0, count))
+    kept = [(bound, span) for bound, span in zip(bounds, spans, strict=True) if span[1] > span[0]]
+    whole = (0, count)
+    encoded = encode_clips(data, [span for _, span in kept], fps, size, skip=whole)
     return [
-        {"start": a, "end": b, "data": encoded.get(span)}
-        for (a, b), span in zip(bounds, spans, strict=True)
+        {"start": a, "end": b, "data": None if span == whole else encoded[span]}
+        for (a, b), span in kept
+        if span == whole or span in encoded
     ]
 
 
@@ -114,18 +118,21 @@ def encode_clips(
 
 
 class ClipWriter:
-    """An H.264 mp4 encoder in memory (same size and frame rate as the source)."""
+    """An H.264 mp4 encoder in memory, at the source's frame rate; yuv420p needs even sides,
+    so an odd last row or column is cropped off."""
 
     def __init__(self, fps: float, size: tuple[int, int]) -> None:
         self.out = io.BytesIO()
         self.box = av.open(self.out, "w", format="mp4")
-        self.stream = self.box.add_stream("libx264", rate=round(fps))
-        self.stream.width, self.stream.height = size
+        self.stream = self.box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        self.width, self.height = size[0] - size[0] % 2, size[1] - size[1] % 2
+        self.stream.width, self.stream.height = self.width, self.height
         self.stream.pix_fmt = "yuv420p"
         self.stream.options = {"preset": "veryfast", "crf": "18"}
 
     def add(self, frame: Any) -> None:
-        image = av.VideoFrame.from_ndarray(frame.to_ndarray(format="rgb24"), format="rgb24")
+        pixels = frame.to_ndarray(format="rgb24")[: self.height, : self.width]
+        image = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")
         for packet in self.stream.encode(image):
             self.box.mux(packet)
 

@@ -80,3 +80,10 @@ def test_a_shard_that_never_matches_its_sha256_is_an_error(s3, s3_bucket, tmp_pa
         (tmp_path / "cache").glob(".*tmp*")
     )
     assert cache.misses == 0
+
+
+def test_a_failed_download_leaves_no_temporary_file(s3, s3_bucket, tmp_path):
+    cache = ShardCache(tmp_path / "cache", 10**9, s3.storage_options)
+    with pytest.raises(FileNotFoundError), cache.open(f"s3://{s3_bucket}/no/such.tar", None, 1):
+        pass
+    assert not [p.name for p in (tmp_path / "cache").iterdir() if ".tmp-" in p.name]

@@ -14,6 +14,7 @@ import torch
 
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
+from pipeline.config_io import ConfigError
 from stages.clip_score import top_fraction_decisions
 from stages.registry import build_stage
 from tests.shapes import make_shapes, write_folder, write_shards
@@ -181,3 +182,10 @@ def test_unloadable_model_fails_before_reading_data(tmp_path, stage, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cpu_pool_that_leaves_no_cpu_for_tasks_is_refused(ray_session, tmp_path):
+    folder = write_folder(make_shapes(4, seed=2), tmp_path / "in")
+    cfg = build_config(folder, tmp_path / "out", {**TINY, "concurrency": 2})
+    with pytest.raises(ConfigError, match=r"stages.0.concurrency: 2 CPU actors leave none"):
+        run_build(cfg, progress=False)

@@ -25,12 +25,14 @@ from pipeline.video_data import (
 )
 from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from stages.registry import build_stage
-from stages.video_decode import plan_indices
+from stages.video_decode import plan_indices, sample_video
 from trainer.config import TrainConfig
 from trainer.data import ShardDataset
 from trainer.manifest import read_manifest
 from trainer.models import build_model
 from trainer.train import train
+
+OPTS = {"mode": "uniform", "num_frames": 8, "fps": 1.0, "size": 224, "crop": True, "quality": 90}
 
 
 def test_uniform_plan_takes_the_middle_of_equal_spans():
@@ -40,6 +42,11 @@ def test_uniform_plan_takes_the_middle_of_equal_spans():
     for count in range(1, 200):
         plan = plan_indices("uniform", count, 30.0, 8, 1.0, [])
         assert plan == sorted(set(plan)) and 0 <= plan[0] and plan[-1] < count
+
+
+def test_long_fps_plans_are_thinned_to_999_frames():
+    plan = plan_indices("fps", 72_000, 30.0, 8, 1.0, [])  # 40 minutes at one frame a second
+    assert len(plan) == 999 and plan == sorted(set(plan)) and plan[-1] < 72_000
 
 
 def test_fps_and_keyframe_plans():
@@ -316,3 +323,16 @@ def test_videos_from_a_glob_a_list_on_s3_and_tar_shards(ray_session, s3, s3_buck
     with open(tmp_path / "t" / from_tar["shards"][0]["name"], "rb") as f:
         sample = next(iter_tar_samples(f))
     assert [read_frame_number(x) for x in frames_of(sample)] == [6, 18]
+
+
+def test_clip_split_of_an_odd_sized_video_crops_to_even_sides():
+    from stages.video_split import split_video
+
+    video = encode_video(48, 24, size=(251, 143), pixel_format="yuv444p", cuts=(24,))
+    opts = {"mode": "scenes", "window_s": 1.0, "stride_s": None, "analysis_fps": 24,
+            "threshold": 30, "min_clip_s": 0.0, "max_clips": None}  # fmt: skip
+    clips = split_video(video, opts)
+    assert [(c["start"], c["end"]) for c in clips] == [(0.0, 1.0), (1.0, 2.0)]
+    for clip in clips:
+        result = sample_video(clip["data"], dict(OPTS, size=512, crop=False))
+        assert (result["width"], result["height"]) == (250, 142)

@@ -93,16 +93,27 @@ class ShardCache:
 
     def download(self, url: str, sha256: str | None, path: Path) -> Path:
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        for _ in range(RETRIES + 1):
-            digest = hashlib.sha256()
-            with fsspec.open(url, "rb", **self.storage_options) as src, open(tmp, "wb") as dst:
-                while chunk := src.read(CHUNK):
-                    digest.update(chunk)
-                    dst.write(chunk)
-            if sha256 is None or digest.hexdigest() == sha256:
-                return tmp
+        try:
+            for _ in range(RETRIES + 1):
+                if self.copy_checked(url, tmp, sha256):
+                    return tmp
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a failed download leaves nothing behind
+            raise
         tmp.unlink(missing_ok=True)
         raise ShardCorrupt(f"{url}: sha256 differs from the manifest after {RETRIES + 1} tries")
+
+    def copy_checked(self, url: str, tmp: Path, sha256: str | None) -> bool:
+        """Copy to `tmp`, synced to disk (a crash cannot leave a short shard under its final
+        name); True when the sha256 matches (or none is known)."""
+        digest = hashlib.sha256()
+        with fsspec.open(url, "rb", **self.storage_options) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        return sha256 is None or digest.hexdigest() == sha256
 
     def make_room(self, incoming: int, keep: Path) -> None:
         """Evict least recently used shards that nobody holds until `incoming` fits."""
