@@ -53,12 +53,12 @@ from pipeline.storage import (
     write_parquet,
 )
 from pipeline.tario import write_tar
-from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, Stage, is_media_column
+from stages.base import DROP, DROP_STAGE, Stage, is_media_column
 from stages.registry import build_stages
 
 log = logging.getLogger("mmcurate.build")
 MANIFEST_FORMAT = "mmcurate/1"
-NOT_SIGNATURE = {*IMAGE_COLUMNS, "txt", "json"}
+NOT_SIGNATURE = {"txt", "json"}  # plus every media column (is_media_column)
 
 
 def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
@@ -227,8 +227,9 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         "embedding": pa.list_(pa.float16()),
         "text_embedding": pa.list_(pa.float16()),
     }
-    columns = [c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE]
-    columns = [c for c in columns if not is_media_column(c)]
+    columns = [
+        c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE and not is_media_column(c)
+    ]
     columns += [c for c in ("__bytes__", "__offset__") if c not in columns]
     arrays = {c: pa.array([r.get(c) for r in rows], type=types.get(c)) for c in columns}
     return pa.table(arrays)

@@ -19,6 +19,7 @@ from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch,
 from pipeline.source_urls import plan_urls, read_urls
 from pipeline.source_videos import (
     GLOB_CHARS,
+    VIDEO_EXTS,
     is_list_file,
     plan_video_glob,
     plan_video_list,
@@ -35,7 +36,6 @@ from pipeline.tario import EXT_ALIASES, iter_tar_samples
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Batch
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
-VIDEO_EXTS = set(VIDEO_COLUMNS)
 
 
 # ---- images: a folder of image files with sidecar .txt captions -------------------------

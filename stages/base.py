@@ -117,9 +117,9 @@ def merge_live_rows(
                     batch[col][i] = None
 
 
-def media_column(batch: Batch, row: int) -> str | None:
-    """The image column that holds bytes for `row`, or None."""
-    for col in IMAGE_COLUMNS:
+def media_column(batch: Batch, row: int, columns: tuple[str, ...] = IMAGE_COLUMNS) -> str | None:
+    """The column of `columns` (images by default) that holds bytes for `row`, or None."""
+    for col in columns:
         values = batch.get(col)
         if values is not None and values[row] is not None:
             return col

@@ -15,9 +15,18 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from stages.base import DROP, DROP_STAGE, Batch, Stage, StageOptions, is_media_column, register
-from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
-from stages.video_frames import video_column
+from stages.base import (
+    DROP,
+    DROP_STAGE,
+    VIDEO_COLUMNS,
+    Batch,
+    Stage,
+    StageOptions,
+    is_media_column,
+    register,
+)
+from stages.isolation import Isolated
+from stages.video_frames import isolated_decode
 from stages.video_split import split_video
 
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
@@ -63,7 +72,7 @@ class ClipSplit(Stage):
     def split_one(self, sample: dict) -> list[dict]:
         if sample[DROP] is not None:
             return [sample]
-        col = video_column({c: [v] for c, v in sample.items()}, 0)
+        col = next((c for c in VIDEO_COLUMNS if sample.get(c) is not None), None)
         clips, reason = (None, "no_video") if col is None else self.split(sample[col])
         if not clips:
             return [dropped(sample, reason or "no_clips", self.name)]
@@ -84,19 +93,8 @@ class ClipSplit(Stage):
         return out
 
     def split(self, data: bytes) -> tuple[list | None, str | None]:
-        try:
-            return self.decoder.call(
-                split_video, (data, self.options.model_dump()), self.options.timeout_s
-            ), None
-        except CallTimeout:
-            return None, "decode_timeout"
-        except CallCrashed:
-            return None, "decode_error"
-        except CallFailed as err:
-            kind = str(err).split(":", 1)[0]
-            return None, {"NoVideoStream": "no_video_stream", "NoFrames": "no_frames"}.get(
-                kind, "decode_error"
-            )
+        args = (data, self.options.model_dump())
+        return isolated_decode(self.decoder, split_video, args, self.options.timeout_s)
 
 
 def dropped(sample: dict, reason: str, stage: str) -> dict:

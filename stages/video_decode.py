@@ -12,7 +12,6 @@ mostly unrecoverable raises instead of silently repeating frames.
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -159,7 +158,3 @@ def with_pyav(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
         "height": int(size[1]),
         "decoder": "pyav",
     }
-
-
-def duration(frame_count: int, fps: float) -> float:
-    return frame_count / fps if fps > 0 and math.isfinite(fps) else 0.0

@@ -10,11 +10,20 @@ itself: `decode_timeout` / `decode_error`.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from pydantic import Field
 
-from stages.base import VIDEO_COLUMNS, Batch, Stage, StageOptions, frame_column, register
+from stages.base import (
+    VIDEO_COLUMNS,
+    Batch,
+    Stage,
+    StageOptions,
+    frame_column,
+    media_column,
+    register,
+)
 from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from stages.video_decode import sample_video
 
@@ -28,14 +37,6 @@ class VideoFramesOptions(StageOptions):
     quality: int = Field(90, ge=1, le=100)
     timeout_s: float = Field(30.0, gt=0, description="per video, then the decoder is killed")
     keep_video: bool = Field(True, description="keep the video bytes in the sample")
-
-
-def video_column(batch: Batch, row: int) -> str | None:
-    for col in VIDEO_COLUMNS:
-        values = batch.get(col)
-        if values is not None and values[row] is not None:
-            return col
-    return None
 
 
 @register
@@ -52,7 +53,7 @@ class VideoFrames(Stage):
         metas = list(batch.get("json") or [None] * size)
         opts = self.options.model_dump()
         for row in range(size):
-            col = video_column(batch, row)
+            col = media_column(batch, row, VIDEO_COLUMNS)
             if col is None:
                 reasons[row] = "no_video"
                 continue
@@ -68,17 +69,25 @@ class VideoFrames(Stage):
         return batch, reasons
 
     def decode(self, data: bytes, opts: dict) -> tuple[dict | None, str | None]:
-        try:
-            return self.decoder.call(sample_video, (data, opts), self.options.timeout_s), None
-        except CallTimeout:
-            return None, "decode_timeout"
-        except CallCrashed:
-            return None, "decode_error"
-        except CallFailed as err:
-            kind = str(err).split(":", 1)[0]
-            return None, {"NoVideoStream": "no_video_stream", "NoFrames": "no_frames"}.get(
-                kind, "decode_error"
-            )
+        return isolated_decode(self.decoder, sample_video, (data, opts), self.options.timeout_s)
+
+
+def isolated_decode(
+    decoder: Isolated, fn: Callable[..., Any], args: tuple, timeout: float
+) -> tuple[Any, str | None]:
+    """(result, None), or (None, drop reason) when the decoder timed out, crashed or failed."""
+    try:
+        return decoder.call(fn, args, timeout), None
+    except CallTimeout:
+        return None, "decode_timeout"
+    except CallCrashed:
+        return None, "decode_error"
+    except CallFailed as err:
+        kind = str(err).split(":", 1)[0]
+        return None, FAILURE_REASONS.get(kind, "decode_error")
+
+
+FAILURE_REASONS = {"NoVideoStream": "no_video_stream", "NoFrames": "no_frames"}
 
 
 def merge_meta(text: str | None, result: dict) -> str:
