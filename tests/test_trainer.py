@@ -20,16 +20,11 @@ from PIL import Image, ImageEnhance
 from skimage import data as skdata
 
 from pipeline.config_io import ConfigError
-from pipeline.tario import split_member_name
+from pipeline.tario import iter_tar_samples, split_member_name
 from trainer.checkpoint import load_checkpoint
 from trainer.cli import main
 from trainer.config import TrainConfig, load_train_config, parse_size
-from trainer.data import (
-    ShardDataset,
-    iter_tar_samples,
-    shard_order,
-    worker_shards,
-)
+from trainer.data import ImageTransform, ShardDataset
 from trainer.manifest import ManifestError, read_manifest
 from trainer.train import lr_factor, train
 
@@ -169,8 +164,8 @@ def test_checkpoint_holds_model_optimizer_loader(trained):
     assert ckpt["step"] == 30
     assert "logit_scale" in ckpt["model"] and ckpt["optimizer"]["state"]
     assert ckpt["loader"]["samples_seen"] == 480
-    # 192 samples, 2 workers x 2 shards x 48 samples -> 6 full batches per worker, 12 per epoch
-    assert ckpt["loader"]["epoch"] == 2 and ckpt["loader"]["samples_in_epoch"] == 6 * 16
+    # 192 samples in batches of 16: 12 per epoch, so step 30 is 6 batches into epoch 2
+    assert ckpt["loader"]["epoch"] == 2 and ckpt["loader"]["batches_in_epoch"] == 6
     assert ckpt["config"]["data"]["manifest"].endswith("manifest.json")
 
 
@@ -197,16 +192,6 @@ def test_epoch_run_logs_and_checkpoints_the_final_step(manifest_path, tmp_path):
     assert steps == [1, 5, 10, 12]
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "step-12.pt")
     assert ckpt["loader"]["epoch"] == 1 and ckpt["loader"]["samples_seen"] == 192
-
-
-def test_shards_split_across_workers_and_reshuffle_per_epoch():
-    urls = [f"s3://b/shard-{i:06d}.tar" for i in range(10)]
-    order = shard_order(urls, seed=3, epoch=0)
-    assert order == shard_order(urls, seed=3, epoch=0)
-    assert sorted(order) == urls
-    assert order != shard_order(urls, seed=3, epoch=1)
-    parts = [worker_shards(order, w, 3) for w in range(3)]
-    assert sorted(sum(parts, [])) == urls and [len(p) for p in parts] == [4, 3, 3]
 
 
 def test_tar_members_group_by_key(tmp_path):
@@ -260,11 +245,12 @@ def test_streams_shards_from_an_fsspec_url(manifest_path):
         TrainConfig.model_validate({"data": {"manifest": "x"}, "run": {"output": "x"}}).model,
         torch.device("cpu"),
     )
-    dataset = ShardDataset(manifest, preprocess, tokenizer, seed=1)
-    image, tokens = next(iter(dataset))
-    assert image.shape == (3, 64, 64) and tokens.shape == (32,) and tokens.dtype == torch.long
-    assert dataset.to_pair({"__key__": "k", "jpg": b"not a jpeg", "txt": b"x"}) is None
-    assert dataset.to_pair({"__key__": "k", "jpg": b"", "json": b"{}"}) is None
+    dataset = ShardDataset(manifest, ImageTransform(preprocess), tokenizer, batch_size=4, seed=1)
+    images, tokens, keys = next(iter(dataset))
+    assert images.shape == (4, 3, 64, 64) and images.dtype == torch.uint8 and len(keys) == 4
+    assert tokens.shape == (4, 32) and tokens.dtype == torch.long
+    assert dataset.decode({"__key__": "k", "jpg": b"not a jpeg", "txt": b"x"}) is None
+    assert dataset.decode({"__key__": "k", "jpg": b"", "json": b"{}"}) is None
     fs.rm("/bucket", recursive=True)
 
 
@@ -297,8 +283,8 @@ def write_config(path: Path, body: dict) -> Path:
 
 def test_unknown_key_names_the_key(tmp_path):
     body = tree(tmp_path / "manifest.json", tmp_path / "out")
-    body["data"]["shuffle_buffer"] = 100
-    with pytest.raises(ConfigError, match=r"^data\.shuffle_buffer: unknown key$"):
+    body["data"]["shufle_buffer"] = 100  # a typo
+    with pytest.raises(ConfigError, match=r"^data\.shufle_buffer: unknown key$"):
         load_train_config(write_config(tmp_path / "c.yaml", body))
     with pytest.raises(ConfigError, match=r"^run\.precision: "):
         load_train_config(

@@ -27,7 +27,7 @@ from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from stages.registry import build_stage
 from stages.video_decode import plan_indices, sample_video
 from trainer.config import TrainConfig
-from trainer.data import ShardDataset
+from trainer.data import ImageTransform, ShardDataset
 from trainer.manifest import read_manifest
 from trainer.models import build_model
 from trainer.train import train
@@ -179,9 +179,12 @@ def test_video_shards_load_in_webdataset_and_the_trainer(video_build, tmp_path):
         ).model,
         torch.device("cpu"),
     )
-    dataset = ShardDataset(read_manifest(str(out / "manifest.json")), preprocess, tokenizer)
-    clips = [clip for clip, _ in dataset]
-    assert len(clips) == 29 and clips[0].shape == (8, 3, 64, 64)  # the caption-less one skipped
+    manifest = read_manifest(str(out / "manifest.json"))
+    dataset = ShardDataset(manifest, ImageTransform(preprocess), tokenizer, batch_size=5)
+    batches = list(dataset)
+    assert len(batches) == 6 and batches[0].images.shape == (5, 8, 3, 64, 64)
+    # the caption-less video is replaced by another of its batch: batches stay full
+    assert dataset.counters.substituted == 1 and dataset.counters.samples == 30
     cfg = TrainConfig.model_validate(
         {
             "data": {"manifest": str(out / "manifest.json"), "batch_size": 4, "workers": 0},

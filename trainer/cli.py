@@ -41,9 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_train_config(args.config, args.overrides)
         # Why here: fail fast on storage before importing torch and building the model.
         read_manifest(cfg.data.manifest, cfg.storage_options)
-        from trainer.train import train
+        if cfg.launch.mode == "ray":
+            from trainer.launch import launch_ray
 
-        summary = train(cfg)
+            summary = launch_ray(cfg)
+        else:
+            from trainer.train import train
+
+            summary = train(cfg)
     except (ConfigError, ManifestError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2

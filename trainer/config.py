@@ -46,9 +46,10 @@ class DataConfig(_Section):
     manifest: str  # a build's manifest.json: local path or any fsspec URL (s3://...)
     cache_dir: str | None = None  # local (NVMe) shard cache folder, shared on the node
     cache_limit: str | None = None  # cache size cap such as "10GB" (default 100GB)
-    batch_size: int = Field(32, gt=0)
-    workers: int = Field(2, ge=0)
+    batch_size: int = Field(32, gt=0)  # per rank and per micro-batch
+    workers: int = Field(2, ge=0)  # DataLoader worker processes per rank
     seed: int = 0
+    shuffle_buffer: int = Field(1000, ge=0)  # samples each worker shuffles among (0: off)
 
     @field_validator("cache_limit")
     @classmethod
@@ -65,12 +66,14 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     name: str = "mmcurate-tiny"  # an open_clip architecture name
     pretrained: str | None = None  # open_clip pretrained tag or a local checkpoint path
+    loss: Literal["clip", "siglip"] = "clip"  # softmax contrastive, or SigLIP's sigmoid loss
 
 
 class OptimConfig(_Section):
     lr: float = Field(5e-4, gt=0)
     warmup_steps: int = Field(10, ge=0)
     weight_decay: float = Field(0.1, ge=0)
+    accum_freq: int = Field(1, gt=0)  # batches per optimizer step (open_clip's feature cache)
 
 
 class RunConfig(_Section):
@@ -81,6 +84,7 @@ class RunConfig(_Section):
     log_every: int = Field(10, gt=0)
     checkpoint_every: int | None = Field(None, gt=0)
     resume: bool = False  # continue from the newest checkpoint in output, if any
+    sample_log: bool = False  # write samples/rank-<r>.jsonl: the keys of every step's batch
 
     @field_validator("output")
     @classmethod
@@ -91,11 +95,19 @@ class RunConfig(_Section):
         return value.removeprefix("file://")
 
 
+class LaunchConfig(_Section):
+    mode: Literal["local", "ray"] = "local"  # local: this process (or torchrun's); ray: Ray Train
+    workers: int = Field(1, gt=0)  # ray: training processes (ranks) across the cluster
+    gpus_per_worker: int | None = Field(None, ge=0)  # ray: null = 1 when the cluster has GPUs
+    cpus_per_worker: float = Field(1, gt=0)  # ray: CPUs reserved per rank
+
+
 class TrainConfig(_Section):
     data: DataConfig
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     run: RunConfig
+    launch: LaunchConfig = LaunchConfig()
     storage_options: dict[str, Any] = {}  # fsspec options for the manifest and shards
 
     def redacted(self) -> dict[str, Any]:

@@ -1,50 +1,95 @@
-"""Stream WebDataset shards (local or any fsspec URL) into (image, tokens) training pairs.
+"""Stream a build's WebDataset shards (local or any fsspec URL) as ready training batches.
 
-Shards are read sequentially with tarfile's streaming mode, so no seeking and no local copy is
-needed. Each DataLoader worker takes every n-th shard of a seeded, per-epoch shard order.
+Each DataLoader worker follows its part of the epoch plan (trainer/plan.py): it reads only its
+shard runs, front to back, holds raw samples until the shuffle buffer emits them, and yields
+whole batches: `Batch(images, tokens, keys)`. Images leave the workers as uint8 after the
+geometric part of the train transform (4x less to pass between processes than float); the
+float conversion and normalization run on the training device (`ImageTransform.finish`).
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import random
+import tarfile
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import fsspec
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchvision.transforms import Compose, Normalize, ToTensor
+from torchvision.transforms.functional import pil_to_tensor
 
-from pipeline.tario import iter_tar_samples
+from pipeline.tario import EXT_ALIASES, split_member_name
 from stages.base import FRAME_COLUMN, IMAGE_COLUMNS
 from trainer.cache import ShardCache
-from trainer.config import DataConfig
 from trainer.manifest import Manifest
+from trainer.plan import Layout, Segment, WorkerPlan, batches_per_rank, worker_plan
 
 log = logging.getLogger(__name__)
 
-
-def shard_order(urls: Sequence[str], seed: int, epoch: int) -> list[str]:
-    """The shard order for one epoch: a shuffle that depends only on (seed, epoch)."""
-    order = list(urls)
-    random.Random(f"{seed}:{epoch}").shuffle(order)
-    return order
+PREFETCH_SHARDS = 2  # shard runs a worker asks the cache to fetch ahead of the one it reads
 
 
-def worker_shards(urls: Sequence[str], worker: int, num_workers: int) -> list[str]:
-    """The shards one DataLoader worker reads: every `num_workers`-th, starting at `worker`."""
-    return list(urls[worker::num_workers])
+class Batch(NamedTuple):
+    images: torch.Tensor  # [B, 3, H, W] (or clips [B, T, 3, H, W]); uint8 until finished
+    tokens: torch.Tensor  # [B, context_length]
+    keys: list[str]  # the planned samples, in order (for audits and the resume tests)
 
 
-def decode_image(sample: dict[str, Any]) -> Image.Image | None:
-    """The sample's image as RGB, or None when it has no image column."""
-    for column in IMAGE_COLUMNS:
-        if column in sample:
-            with Image.open(io.BytesIO(sample[column])) as img:
-                return img.convert("RGB")
-    return None
+class ImageTransform:
+    """open_clip's train transform, split at ToTensor: the PIL part runs in the workers and
+    yields uint8; `finish` (x / 255, then Normalize) runs on the device. Transforms that do not
+    end in ToTensor + Normalize run whole in the workers and `finish` only casts."""
+
+    def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor]) -> None:
+        steps = list(preprocess.transforms) if isinstance(preprocess, Compose) else []
+        split = (
+            len(steps) >= 2 and isinstance(steps[-2], ToTensor) and isinstance(steps[-1], Normalize)
+        )
+        self.full = preprocess
+        self.pil = Compose(steps[:-2]) if split else None
+        self.mean = torch.tensor(steps[-1].mean).view(3, 1, 1) if split else None
+        self.std = torch.tensor(steps[-1].std).view(3, 1, 1) if split else None
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        if self.pil is None:
+            return self.full(image)
+        image = self.pil(image)
+        return pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
+
+    def finish(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 -> normalized float on the images' device (float input passes through)."""
+        if images.dtype != torch.uint8 or self.mean is None:
+            return images.float()
+        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        return images.float().div_(255).sub_(mean).div_(std)
+
+
+def read_segment(fileobj: Any, start: int, stop: int) -> Iterator[dict[str, Any]]:
+    """Samples [start, stop) of a tar stream; earlier samples are skipped without reading
+    their data, and reading stops after `stop`."""
+    index, key, current = -1, None, None
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            name, ext = split_member_name(member.name)
+            if name != key:
+                if current is not None:
+                    yield current
+                index, key, current = index + 1, name, None
+                if index >= stop:
+                    return
+                if index >= start:
+                    current = {"__key__": name}
+            if current is not None:
+                current[EXT_ALIASES.get(ext, ext)] = tar.extractfile(member).read()
+    if current is not None:
+        yield current
 
 
 def frame_columns(sample: dict[str, Any]) -> list[str]:
@@ -52,53 +97,122 @@ def frame_columns(sample: dict[str, Any]) -> list[str]:
     return sorted(c for c in sample if FRAME_COLUMN.match(c))
 
 
-def decode_frames(sample: dict[str, Any]) -> list[Image.Image]:
-    frames = []
-    for column in frame_columns(sample):
-        with Image.open(io.BytesIO(sample[column])) as img:
-            frames.append(img.convert("RGB"))
-    return frames
+def open_image(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+@dataclass
+class Counters:
+    """Per-worker sample accounting (logged when a worker finishes an epoch)."""
+
+    samples: int = 0
+    substituted: int = 0  # undecodable or missing samples replaced to keep batches full
 
 
 class ShardDataset(IterableDataset):
-    """Yields `(image_tensor, token_ids)` from a manifest's shards; call set_epoch per epoch.
-    A video sample (frames `<key>.000.jpg`, ...) yields its frames as one clip tensor
-    [frames, 3, H, W]; a batch of clips is [batch, frames, 3, H, W]."""
+    """Yields `Batch`es of one rank's share of each epoch; call `set_epoch` before each
+    epoch and `resume_at` once to continue mid-epoch. Every rank yields the same number of
+    batches per epoch (`batches_per_epoch`), whatever the shard sizes."""
 
     def __init__(
         self,
         manifest: Manifest,
-        preprocess: Callable[[Image.Image], torch.Tensor],
+        transform: ImageTransform,
         tokenizer: Callable[..., torch.Tensor],
+        batch_size: int,
         seed: int = 0,
+        shuffle_buffer: int = 1000,
+        rank: int = 0,
+        world: int = 1,
+        step_batches: int = 1,
         storage_options: dict[str, Any] | None = None,
         cache: tuple[str, int] | None = None,
     ) -> None:
-        self.urls = [shard.url for shard in manifest.shards]
-        self.shard_info = {shard.url: shard for shard in manifest.shards}
+        self.shards = list(manifest.shards)
+        self.sizes = [shard.samples for shard in self.shards]
+        self.transform, self.tokenizer = transform, tokenizer
+        self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
+        self.rank, self.world, self.step_batches = rank, world, step_batches
+        self.storage_options = dict(storage_options or {})
         self.cache_spec = cache  # (folder, byte limit): read shards through a local ShardCache
         self._cache: ShardCache | None = None
-        self.preprocess = preprocess
-        self.tokenizer = tokenizer
-        self.seed = seed
-        self.storage_options = dict(storage_options or {})
         self.epoch = 0
+        self.resume: tuple[int, int] | None = None  # (epoch, batches the rank consumed)
+        self.counters = Counters()
 
     def set_epoch(self, epoch: int) -> None:
         # Why: workers are forked per epoch and copy this value, so set it before iter(loader).
         self.epoch = epoch
 
-    def my_shards(self) -> list[str]:
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
-        return worker_shards(shard_order(self.urls, self.seed, self.epoch), worker, num_workers)
+    def resume_at(self, epoch: int, consumed_batches: int) -> None:
+        """Continue `epoch` after the rank's first `consumed_batches` batches."""
+        self.resume = (epoch, consumed_batches)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        shards = self.my_shards()
-        for index, url in enumerate(shards):
+    def batches_per_epoch(self) -> int:
+        """Batches this rank yields in a full epoch (the same on every rank)."""
+        return batches_per_rank(sum(self.sizes), self.world, self.batch_size, self.step_batches)
+
+    def plan(self, layout: Layout, consumed: int) -> WorkerPlan:
+        return worker_plan(
+            self.sizes,
+            self.seed,
+            self.epoch,
+            layout,
+            self.batch_size,
+            self.shuffle_buffer,
+            consumed_batches=consumed,
+            multiple=self.step_batches,
+        )
+
+    def layout(self, consumed: int) -> Layout:
+        """This worker's place. After a resume the DataLoader starts its round-robin at worker
+        0 again, so worker ids are rotated to make the next batch come from the worker that
+        owed it: the resumed run then yields exactly the batches the stopped one would have."""
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        return Layout(self.rank, self.world, (worker + consumed) % workers, workers)
+
+    def __iter__(self) -> Iterator[Batch]:
+        consumed = self.resume[1] if self.resume and self.resume[0] == self.epoch else 0
+        plan = self.plan(self.layout(consumed), consumed)
+        samples = self.emitted(plan)
+        last: Batch | None = None
+        for _ in range(plan.batches):
+            raws = [next(samples) for _ in range(self.batch_size)]
+            last = self.collate(raws, last)
+            yield last
+        if self.counters.substituted:
+            log.warning(
+                "epoch %d: %d of %d samples were unusable and replaced by others of their batch",
+                self.epoch,
+                self.counters.substituted,
+                self.counters.samples,
+            )
+
+    def emitted(self, plan: WorkerPlan) -> Iterator[tuple[int, dict[str, Any] | None]]:
+        """(position, raw sample) in the plan's emission order, holding read-ahead samples
+        until their turn; None for a position its shard did not hold."""
+        reader = self.read_positions(plan.segments)
+        wanted, pending = set(plan.emit), {}
+        for position in plan.emit:
+            while position not in pending:
+                found = next(reader, None)
+                if found is None:  # the shards held fewer samples than the manifest says
+                    pending[position] = None
+                elif found[0] in wanted:
+                    pending[found[0]] = found[1]
+            yield position, pending.pop(position)
+
+    def read_positions(self, runs: Sequence[Segment]) -> Iterator[tuple[int, dict[str, Any]]]:
+        for index, run in enumerate(runs):
             if self.cache_spec:
-                self.cache().prefetch([self.shard_entry(u) for u in shards[index + 1 : index + 3]])
-            yield from self.read_shard(url)
+                ahead = runs[index + 1 : index + 1 + PREFETCH_SHARDS]
+                self.cache().prefetch([self.shard_entry(r.shard) for r in ahead])
+            with self.open_shard(run.shard) as f:
+                for offset, sample in enumerate(read_segment(f, run.start, run.stop)):
+                    yield run.position + offset, sample
 
     def cache(self) -> ShardCache:
         """This process's handle on the node's shard cache (made after the worker forks)."""
@@ -107,52 +221,60 @@ class ShardDataset(IterableDataset):
             self._cache = ShardCache(folder, limit, self.storage_options)
         return self._cache
 
-    def shard_entry(self, url: str) -> tuple[str, str | None, int]:
-        shard = self.shard_info[url]
-        return url, shard.sha256, shard.bytes
+    def shard_entry(self, index: int) -> tuple[str, str | None, int]:
+        shard = self.shards[index]
+        return shard.url, shard.sha256, shard.bytes
 
-    def open_shard(self, url: str) -> Any:
+    def open_shard(self, index: int) -> Any:
         if self.cache_spec:
-            return self.cache().open(*self.shard_entry(url))
-        return fsspec.open(url, "rb", **self.storage_options)
+            return self.cache().open(*self.shard_entry(index))
+        return fsspec.open(self.shards[index].url, "rb", **self.storage_options)
 
-    def read_shard(self, url: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        skipped = 0
-        with self.open_shard(url) as f:
-            for sample in iter_tar_samples(f):
-                pair = self.to_pair(sample)
-                if pair is None:
-                    skipped += 1
-                    continue
-                yield pair
-        if skipped:
-            log.warning("%s: skipped %d samples lacking a usable image or caption", url, skipped)
+    def collate(
+        self, raws: list[tuple[int, dict[str, Any] | None]], previous: Batch | None
+    ) -> Batch:
+        """Decode one batch. An unusable sample is replaced by a usable one of the same batch
+        (or of the previous batch), so every rank still yields full, equal batches."""
+        items = [self.decode(raw) if raw is not None else None for _, raw in raws]
+        good = [item for item in items if item is not None]
+        self.counters.samples += len(items)
+        self.counters.substituted += len(items) - len(good)
+        if not good:
+            if previous is None:
+                raise RuntimeError(f"epoch {self.epoch}: a whole batch of samples is unusable")
+            return previous
+        filled = [item if item is not None else good[i % len(good)] for i, item in enumerate(items)]
+        images = torch.stack([image for image, _ in filled])
+        tokens = self.tokenizer([text for _, text in filled])
+        keys = [raw["__key__"] if raw is not None else "" for _, raw in raws]
+        return Batch(images, tokens, keys)
 
-    def to_pair(self, sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Decode one sample; None (counted, skipped) when the image or caption is unusable."""
+    def decode(self, sample: dict[str, Any]) -> tuple[torch.Tensor, str] | None:
+        """(image or clip tensor, caption), or None when the sample is unusable."""
         if "txt" not in sample:
             return None
         try:
             text = sample["txt"].decode("utf-8")
-            frames = decode_frames(sample)
+            frames = frame_columns(sample)
             if frames:
-                clip = torch.stack([self.preprocess(frame) for frame in frames])
-                return clip, self.tokenizer([text])[0]
-            image = decode_image(sample)
+                clip = [self.transform(open_image(sample[c])) for c in frames]
+                return torch.stack(clip), text
+            column = next((c for c in IMAGE_COLUMNS if c in sample), None)
+            if column is None:
+                return None
+            return self.transform(open_image(sample[column])), text
         except (OSError, ValueError, Image.DecompressionBombError):
             return None  # Why: one bad sample must not stop training
-        if image is None:
-            return None
-        return self.preprocess(image), self.tokenizer([text])[0]
 
 
-def make_loader(dataset: ShardDataset, cfg: DataConfig, pin_memory: bool = False) -> DataLoader:
-    """Batches of `cfg.batch_size`; each worker drops its last incomplete batch (contrastive
-    losses want full batches)."""
+def make_loader(dataset: ShardDataset, workers: int, pin_memory: bool = False) -> DataLoader:
+    """Workers build whole batches, so the DataLoader only passes them on (batch_size=None);
+    it takes them from the workers round-robin, which the resume arithmetic relies on."""
     return DataLoader(
         dataset,
-        batch_size=cfg.batch_size,
-        num_workers=cfg.workers,
-        drop_last=True,
+        batch_size=None,
+        num_workers=workers,
         pin_memory=pin_memory,
+        prefetch_factor=4 if workers else None,
+        in_order=True,
     )

@@ -6,6 +6,7 @@ download: open_clip's default SimpleTokenizer ships its BPE vocabulary inside th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,11 @@ def build_model(
     """Model on `device` in fp32, the training image transform, and the text tokenizer."""
     if not known_model(cfg.name):
         raise ConfigError(f"model.name: unknown open_clip model {cfg.name!r}")
+    extra = {}
+    if cfg.loss == "siglip":  # SigLIP's learned bias and temperature, at the paper's init
+        extra = {"init_logit_bias": -10.0, "init_logit_scale": math.log(10)}
     model, preprocess_train, _ = open_clip.create_model_and_transforms(
-        cfg.name, pretrained=cfg.pretrained, device=device, output_dict=True
+        cfg.name, pretrained=cfg.pretrained, device=device, output_dict=True, **extra
     )
     tokenizer = open_clip.get_tokenizer(cfg.name)
     return model, preprocess_train, tokenizer

@@ -1,10 +1,16 @@
-"""The CLIP training loop: open_clip model + ClipLoss, AdamW, warmup + cosine, stall meter.
+"""The CLIP training loop: open_clip model + contrastive (or SigLIP) loss, AdamW, warmup +
+cosine, gradient accumulation, DDP, exact mid-epoch resume and a stall meter.
 
-`<run.output>/metrics.jsonl` gets one line at step 1, every `log_every` steps and at the end.
-Each line covers the steps since the previous one: `loss` is their mean, `samples_per_s` their
-throughput, `data_wait_frac` the share of their wall time spent waiting for the next batch
-(near 0: compute-bound; near 1: the input pipeline is the bottleneck). `samples` and `step` are
-totals. Checkpoints go to `<run.output>/checkpoints/step-<N>.pt`.
+`<run.output>/metrics.jsonl` (rank 0) gets one line at step 1, every `log_every` steps and at
+the end. Each line covers the steps since the previous one: `loss` is their mean (rank 0's),
+`samples_per_s` their throughput over all ranks, `data_wait_frac` the share of their wall time
+rank 0 spent waiting for the next batch (near 0: compute-bound; near 1: the input pipeline is
+the bottleneck). `samples` and `step` are totals. Checkpoints go to
+`<run.output>/checkpoints/step-<N>.pt` and hold the loader's position: a resumed run sees
+exactly the samples the stopped one had not yet trained on.
+
+Distributed: under torchrun (or Ray Train, trainer/launch.py) every rank runs `train`; the
+process group comes from the environment, gloo on CPU and NCCL on GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,27 +28,59 @@ from typing import IO, Any
 
 import open_clip
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from open_clip.loss import SigLipLoss
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from pipeline.config_io import ConfigError
 from trainer.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.config import OptimConfig, TrainConfig
-from trainer.data import ShardDataset, make_loader
-from trainer.manifest import read_manifest
+from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
+from trainer.manifest import Manifest, read_manifest
 from trainer.models import build_model
+from trainer.plan import batches_per_rank
 
 log = logging.getLogger(__name__)
+
+# Loader settings a mid-epoch resume must share with the run that wrote the checkpoint.
+LOADER_LAYOUT = ("seed", "batch_size", "workers", "world", "shuffle_buffer", "accum_freq")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+
+def setup_distributed() -> Dist:
+    """Join the process group torchrun (or Ray Train) describes; a single process otherwise."""
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    if not dist.is_initialized():
+        return Dist(device=torch.device("cuda" if cuda else "cpu"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # Why modulo: Ray Train may show each worker only its own GPU.
+    device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
 @dataclass
 class LoopState:
-    """Where training stands; saved in checkpoints as the loader's state."""
+    """Where training stands; saved in checkpoints with the loader's layout."""
 
     step: int = 0
     epoch: int = 0
-    samples_seen: int = 0  # since the start of training
-    samples_in_epoch: int = 0
+    samples_seen: int = 0  # since the start of training, all ranks
+    batches_in_epoch: int = 0  # batches this rank consumed in the current epoch
 
 
 @dataclass
@@ -75,7 +114,7 @@ class Meter:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """No decay on gains, biases and logit_scale (as open_clip's own trainer does)."""
+    """No decay on gains, biases, logit_scale and logit_bias (as open_clip's trainer does)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -107,11 +146,11 @@ def make_optimizer(
     return optimizer, scheduler
 
 
-def planned_steps(cfg: TrainConfig, manifest_samples: int) -> int:
-    """Steps for the LR schedule: max_steps, else epochs x full batches in the manifest."""
+def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    """Steps for the LR schedule: max_steps, else epochs x steps per epoch."""
     if cfg.run.max_steps is not None:
         return cfg.run.max_steps
-    return max(cfg.run.epochs * (manifest_samples // cfg.data.batch_size), 1)
+    return max(cfg.run.epochs * steps_per_epoch, 1)
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -122,14 +161,50 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return torch.autocast("cuda", dtype=dtype)
 
 
-def timed_batches(loader: Any, meter: Meter) -> Iterator[Any]:
+class DevicePrefetcher:
+    """Batches on the training device, normalized. On CUDA the next batch is copied (from
+    pinned memory) and normalized on a side stream while the current step runs; on CPU it
+    only finishes the transform."""
+
+    def __init__(self, loader: Any, device: torch.device, transform: ImageTransform) -> None:
+        self.loader, self.device, self.transform = loader, device, transform
+
+    def to_device(self, batch: Batch) -> Batch:
+        images = batch.images.to(self.device, non_blocking=True)
+        tokens = batch.tokens.to(self.device, non_blocking=True)
+        return Batch(self.transform.finish(images), tokens, batch.keys)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                yield self.to_device(batch)
+            return
+        stream = torch.cuda.Stream(self.device)
+        batches = iter(self.loader)
+        upcoming = self.preload(batches, stream)
+        while upcoming is not None:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            ready = upcoming
+            for tensor in (ready.images, ready.tokens):  # freed only after the main stream
+                tensor.record_stream(torch.cuda.current_stream(self.device))
+            upcoming = self.preload(batches, stream)
+            yield ready
+
+    def preload(self, batches: Iterator[Batch], stream: torch.cuda.Stream) -> Batch | None:
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        with torch.cuda.stream(stream):
+            return self.to_device(batch)
+
+
+def timed(batches: Iterator[Batch], meter: Meter) -> Iterator[Batch]:
     """Yield batches, adding the time spent waiting for each to `meter.wait_s`."""
-    it = iter(loader)
+    it = iter(batches)
     while True:
         start = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
+        batch = next(it, None)
+        if batch is None:
             return
         meter.wait_s += time.perf_counter() - start
         yield batch
@@ -139,82 +214,139 @@ def timed_batches(loader: Any, meter: Meter) -> Iterator[Any]:
 class Parts:
     """What one training step needs."""
 
-    model: torch.nn.Module
+    model: torch.nn.Module  # DDP-wrapped when world > 1
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    loss_fn: open_clip.ClipLoss
+    loss_fn: torch.nn.Module
     device: torch.device
     precision: str
 
+    @property
+    def core(self) -> torch.nn.Module:
+        """The model without its DDP wrapper (for checkpoints and the logit_scale clamp)."""
+        return getattr(self.model, "module", self.model)
 
-def clip_features(
-    model: torch.nn.Module, images: torch.Tensor, texts: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Normalized image and text features and the logit scale. Clips [B, T, 3, H, W] are
-    encoded frame by frame and their frame features averaged (then normalized again)."""
+
+def clip_features(model: torch.nn.Module, images: torch.Tensor, texts: torch.Tensor) -> dict:
+    """The model's output dict: normalized features, logit_scale (and logit_bias for SigLIP).
+    Clips [B, T, 3, H, W] are encoded frame by frame through the same forward (so DDP sees
+    it) and their frame features averaged, then normalized again."""
     if images.dim() == 4:
-        out = model(images, texts)
-        return out["image_features"], out["text_features"], out["logit_scale"]
+        return model(images, texts)
     batch, frames = images.shape[:2]
-    per_frame = model.encode_image(images.flatten(0, 1), normalize=True)
-    image_features = F.normalize(per_frame.view(batch, frames, -1).mean(dim=1), dim=-1)
-    return image_features, model.encode_text(texts, normalize=True), model.logit_scale.exp()
+    out = model(images.flatten(0, 1), texts)
+    per_frame = out["image_features"].view(batch, frames, -1)
+    return out | {"image_features": F.normalize(per_frame.mean(dim=1), dim=-1)}
 
 
-def train_step(parts: Parts, images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
-    """One optimizer step; returns the detached loss (still on the device, so no sync)."""
-    images = images.to(parts.device, non_blocking=True)
-    texts = texts.to(parts.device, non_blocking=True)
-    with autocast(parts.precision, parts.device):
-        image_features, text_features, logit_scale = clip_features(parts.model, images, texts)
-        loss = parts.loss_fn(image_features, text_features, logit_scale)
+def contrastive_loss(parts: Parts, out: dict) -> torch.Tensor:
+    args = [out["image_features"], out["text_features"], out["logit_scale"]]
+    if "logit_bias" in out:
+        args.append(out["logit_bias"])
+    return parts.loss_fn(*args)
+
+
+def train_step(parts: Parts, batches: list[Batch]) -> torch.Tensor:
+    """One optimizer step over one batch, or over `accum_freq` batches as open_clip does:
+    features of all of them first (no grad), then each batch again with grad against the
+    others' cached features, so the loss sees the whole accumulated batch at once."""
     parts.optimizer.zero_grad(set_to_none=True)
-    parts.scaler.scale(loss).backward()
+    if len(batches) == 1:
+        with autocast(parts.precision, parts.device):
+            loss = contrastive_loss(parts, clip_features(parts.model, *batches[0][:2]))
+        parts.scaler.scale(loss).backward()
+    else:
+        loss = accumulated_backward(parts, batches)
     parts.scaler.step(parts.optimizer)
     parts.scaler.update()
     parts.scheduler.step()  # after this, param_groups hold the next step's lr
     with torch.no_grad():  # as open_clip does: keep the temperature in a sane range
-        parts.model.logit_scale.clamp_(0, math.log(100))
+        parts.core.logit_scale.clamp_(0, math.log(100))
     return loss.detach()
 
 
-def save_state(parts: Parts, state: LoopState, cfg: TrainConfig) -> Path:
-    """Checkpoint model, optimizer, schedule, loader position and the resolved config."""
-    loader = {
+def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:
+    """Backward of the loss over all `batches` joined, one batch's graph at a time. Summed
+    over the batches this is exactly the big batch's gradient (tested)."""
+    with torch.no_grad(), autocast(parts.precision, parts.device):
+        cached = [clip_features(parts.model, b.images, b.tokens) for b in batches]
+    no_sync = getattr(parts.model, "no_sync", None)  # DDP: all-reduce after the last only
+    for j, batch in enumerate(batches):
+        last = j == len(batches) - 1
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            with autocast(parts.precision, parts.device):
+                fresh = clip_features(parts.model, batch.images, batch.tokens)
+                joined = dict(fresh)
+                for name in ("image_features", "text_features"):
+                    features = [c[name] for c in cached]
+                    features[j] = fresh[name]  # only this batch's features carry gradients
+                    joined[name] = torch.cat(features)
+                if j:  # the temperature (and bias) get their gradient once, not once per batch
+                    for name in ("logit_scale", "logit_bias"):
+                        if name in joined:
+                            joined[name] = joined[name].detach()
+                loss = contrastive_loss(parts, joined)
+            parts.scaler.scale(loss).backward()
+    return loss
+
+
+def loader_state(state: LoopState, cfg: TrainConfig, world: int) -> dict[str, Any]:
+    return {
         "epoch": state.epoch,
+        "batches_in_epoch": state.batches_in_epoch,
         "samples_seen": state.samples_seen,
-        "samples_in_epoch": state.samples_in_epoch,
         "seed": cfg.data.seed,
         "batch_size": cfg.data.batch_size,
         "workers": cfg.data.workers,
+        "world": world,
+        "shuffle_buffer": cfg.data.shuffle_buffer,
+        "accum_freq": cfg.optim.accum_freq,
     }
+
+
+def save_state(parts: Parts, state: LoopState, cfg: TrainConfig, world: int) -> Path:
+    """Checkpoint model, optimizer, schedule, loader position and the resolved config."""
     return save_checkpoint(
         checkpoint_path(cfg.run.output, state.step),
         {
             "format": "mmcurate-checkpoint/1",
             "step": state.step,
-            "model": parts.model.state_dict(),
+            "model": parts.core.state_dict(),
             "optimizer": parts.optimizer.state_dict(),
             "scheduler": parts.scheduler.state_dict(),
             "scaler": parts.scaler.state_dict(),
-            "loader": loader,
+            "loader": loader_state(state, cfg, world),
             "config": cfg.redacted(),
         },
     )
 
 
-def restore_state(parts: Parts, path: Path) -> LoopState:
-    """Load a checkpoint into `parts`; the data restarts at the start of the saved epoch
-    (exact mid-epoch resume is not implemented yet)."""
+def restore_state(parts: Parts, path: Path, cfg: TrainConfig, world: int) -> LoopState:
+    """Load a checkpoint into `parts` and return where the data continues. Mid-epoch, the
+    loader layout must match the one that wrote it (else the plan would differ)."""
     ckpt = load_checkpoint(path)
-    parts.model.load_state_dict(ckpt["model"])
+    saved = ckpt["loader"]
+    now = loader_state(LoopState(), cfg, world)
+    changed = [k for k in LOADER_LAYOUT if saved.get(k, now[k]) != now[k]]
+    if changed and saved.get("batches_in_epoch", 0):
+        was = ", ".join(f"{k}={saved.get(k)}" for k in changed)
+        got = ", ".join(f"{k}={now[k]}" for k in changed)
+        raise ConfigError(
+            f"run.resume: {path.name} stopped mid-epoch with {was}; an exact resume needs the "
+            f"same loader layout (now {got})"
+        )
+    parts.core.load_state_dict(ckpt["model"])
     parts.optimizer.load_state_dict(ckpt["optimizer"])
     parts.scheduler.load_state_dict(ckpt["scheduler"])
     parts.scaler.load_state_dict(ckpt["scaler"])
-    loader = ckpt["loader"]
-    log.info("resumed from %s at step %d (epoch %d restarts)", path, ckpt["step"], loader["epoch"])
-    return LoopState(step=ckpt["step"], epoch=loader["epoch"], samples_seen=loader["samples_seen"])
+    log.info("resumed from %s at step %d", path, ckpt["step"])
+    return LoopState(
+        step=ckpt["step"],
+        epoch=saved["epoch"],
+        samples_seen=saved["samples_seen"],
+        batches_in_epoch=saved.get("batches_in_epoch", 0),
+    )
 
 
 def finished(cfg: TrainConfig, state: LoopState) -> bool:
@@ -228,24 +360,41 @@ def lr_of(parts: Parts) -> float:
 
 
 class Trainer:
-    """Runs epochs over the loader; owns the loop state, the stall meter and the outputs."""
+    """Runs epochs over the loader; owns the loop state, the stall meter and the outputs
+    (written by rank 0, except each rank's optional sample log)."""
 
     def __init__(
-        self, cfg: TrainConfig, parts: Parts, dataset: ShardDataset, loader: Any, metrics: IO[str]
+        self,
+        cfg: TrainConfig,
+        parts: Parts,
+        dataset: ShardDataset,
+        loader: Any,
+        place: Dist,
+        metrics: IO[str] | None,
+        sample_log: IO[str] | None = None,
     ) -> None:
         self.cfg, self.parts, self.dataset, self.loader = cfg, parts, dataset, loader
-        self.metrics = metrics
+        self.place, self.metrics, self.sample_log = place, metrics, sample_log
         self.state = LoopState()
         self.meter = Meter()
+        self.epoch_batches = dataset.batches_per_epoch()
         self.first_loss: float | None = None
         self.last_loss: torch.Tensor | None = None
         self.last_lr = 0.0
         self.checkpoint: Path | None = None
-        # A progress bar on a terminal only (tqdm turns itself off when stderr is not a TTY).
-        self.bar = tqdm(total=cfg.run.max_steps, unit="step", desc="train", disable=None)
+        # A progress bar on rank 0's terminal only (tqdm turns itself off off a TTY).
+        off = None if place.rank == 0 else True
+        self.bar = tqdm(total=cfg.run.max_steps, unit="step", desc="train", disable=off)
 
     def fit(self) -> None:
+        if self.epoch_batches == 0:
+            raise ConfigError(
+                f"data.batch_size: {len(self.dataset.sizes)} shards hold no full step of "
+                f"{self.cfg.data.batch_size} x accum_freq {self.cfg.optim.accum_freq} samples "
+                f"for each of {self.place.world} ranks"
+            )
         self.bar.update(self.state.step)  # a resumed run starts where it stopped
+        self.dataset.resume_at(self.state.epoch, self.state.batches_in_epoch)
         while not finished(self.cfg, self.state):
             self.dataset.set_epoch(self.state.epoch)
             self.run_epoch()
@@ -253,30 +402,35 @@ class Trainer:
         self.bar.close()
 
     def run_epoch(self) -> None:
-        batches, tick = 0, time.perf_counter()
-        for images, texts in timed_batches(self.loader, self.meter):
+        accum = self.cfg.optim.accum_freq
+        tick, group = time.perf_counter(), []
+        device_batches = DevicePrefetcher(self.loader, self.place.device, self.dataset.transform)
+        for batch in timed(iter(device_batches), self.meter):
+            group.append(batch)
+            if len(group) < accum:
+                continue
             lr = lr_of(self.parts)  # the lr this step uses; train_step advances the schedule
-            loss = train_step(self.parts, images, texts)
-            batches += 1
+            loss = train_step(self.parts, group)
             now = time.perf_counter()
-            self.meter.add(loss, len(images), now - tick)
+            samples = sum(len(b.keys) for b in group) * self.place.world
+            self.meter.add(loss, samples, now - tick)
             tick = now  # logging and checkpoint time count toward the next step
-            self.after_step(loss, len(images), lr)
+            self.after_step(loss, group, lr)
+            group = []
             if finished(self.cfg, self.state):
                 return
-        if batches == 0:
-            raise ConfigError(
-                f"data.batch_size: no full batch of {self.cfg.data.batch_size} in an epoch "
-                f"(workers={self.cfg.data.workers}; each worker batches only its own shards)"
-            )
         self.state.epoch += 1
-        self.state.samples_in_epoch = 0
+        self.state.batches_in_epoch = 0
 
-    def after_step(self, loss: torch.Tensor, samples: int, lr: float) -> None:
+    def after_step(self, loss: torch.Tensor, group: list[Batch], lr: float) -> None:
         state, run = self.state, self.cfg.run
         state.step += 1
-        state.samples_seen += samples
-        state.samples_in_epoch += samples
+        state.batches_in_epoch += len(group)
+        state.samples_seen += sum(len(b.keys) for b in group) * self.place.world
+        if self.sample_log:
+            keys = [key for batch in group for key in batch.keys]
+            self.sample_log.write(json.dumps({"step": state.step, "keys": keys}) + "\n")
+            self.sample_log.flush()
         self.bar.update()
         if self.first_loss is None:
             self.first_loss = loss.item()
@@ -284,7 +438,13 @@ class Trainer:
         if state.step == 1 or state.step % run.log_every == 0:
             self.log(lr)
         if run.checkpoint_every and state.step % run.checkpoint_every == 0:
-            self.checkpoint = save_state(self.parts, state, self.cfg)
+            self.save()
+
+    def save(self) -> None:
+        if self.place.rank == 0:
+            self.checkpoint = save_state(self.parts, self.state, self.cfg, self.place.world)
+        else:
+            self.checkpoint = checkpoint_path(self.cfg.run.output, self.state.step)
 
     def log(self, lr: float) -> None:
         row = self.meter.flush(self.state) | {"lr": lr}
@@ -293,29 +453,45 @@ class Trainer:
             samples_s=f"{row['samples_per_s']:.0f}",
             data_wait=f"{row['data_wait_frac']:.0%}",
         )
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
+        if self.metrics:
+            self.metrics.write(json.dumps(row) + "\n")
+            self.metrics.flush()
 
     def finish(self) -> None:
         """Log the last partial window and checkpoint the final step (once)."""
         if self.meter.samples:
             self.log(self.last_lr)
         if self.checkpoint != checkpoint_path(self.cfg.run.output, self.state.step):
-            self.checkpoint = save_state(self.parts, self.state, self.cfg)
+            self.save()
 
 
-def build_parts(cfg: TrainConfig, device: torch.device, total_steps: int) -> tuple[Parts, Any]:
+def make_loss(name: str, place: Dist) -> torch.nn.Module:
+    if name == "siglip":
+        return SigLipLoss(rank=place.rank, world_size=place.world)
+    # local_loss + gather_with_grad: the memory-lean setting open_clip recommends at scale.
+    return open_clip.ClipLoss(
+        local_loss=place.world > 1,
+        gather_with_grad=place.world > 1,
+        rank=place.rank,
+        world_size=place.world,
+    )
+
+
+def build_parts(cfg: TrainConfig, place: Dist, total_steps: int) -> tuple[Parts, Any]:
     """Model, optimizer, schedule, scaler and loss; also returns (preprocess, tokenizer)."""
-    model, preprocess, tokenizer = build_model(cfg.model, device)
+    model, preprocess, tokenizer = build_model(cfg.model, place.device)
     optimizer, scheduler = make_optimizer(model, cfg.optim, total_steps)
-    use_scaler = device.type == "cuda" and cfg.run.precision == "fp16"
+    if place.world > 1:
+        ids = [place.device.index] if place.device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids)
+    use_scaler = place.device.type == "cuda" and cfg.run.precision == "fp16"
     parts = Parts(
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
-        scaler=torch.amp.GradScaler(device.type, enabled=use_scaler),
-        loss_fn=open_clip.ClipLoss(),
-        device=device,
+        scaler=torch.amp.GradScaler(place.device.type, enabled=use_scaler),
+        loss_fn=make_loss(cfg.model.loss, place),
+        device=place.device,
         precision=cfg.run.precision,
     )
     return parts, (preprocess, tokenizer)
@@ -324,42 +500,84 @@ def build_parts(cfg: TrainConfig, device: torch.device, total_steps: int) -> tup
 DEFAULT_CACHE_LIMIT = 100 * 10**9  # when cache_dir is set without cache_limit
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Train a CLIP model on a build's shards; returns a summary of the run."""
-    manifest = read_manifest(cfg.data.manifest, cfg.storage_options)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(cfg.data.seed)
-    parts, (preprocess, tokenizer) = build_parts(cfg, device, planned_steps(cfg, manifest.samples))
+def make_dataset(
+    cfg: TrainConfig, manifest: Manifest, place: Dist, preprocess: Any, tokenizer: Any
+) -> ShardDataset:
     cache = None
     if cfg.data.cache_dir:
         cache = (cfg.data.cache_dir, cfg.data.cache_limit_bytes or DEFAULT_CACHE_LIMIT)
-    dataset = ShardDataset(
-        manifest, preprocess, tokenizer, cfg.data.seed, cfg.storage_options, cache=cache
+    return ShardDataset(
+        manifest,
+        ImageTransform(preprocess),
+        tokenizer,
+        batch_size=cfg.data.batch_size,
+        seed=cfg.data.seed,
+        shuffle_buffer=cfg.data.shuffle_buffer,
+        rank=place.rank,
+        world=place.world,
+        step_batches=cfg.optim.accum_freq,
+        storage_options=cfg.storage_options,
+        cache=cache,
     )
-    loader = make_loader(dataset, cfg.data, pin_memory=device.type == "cuda")
-    output = Path(cfg.run.output)
-    output.mkdir(parents=True, exist_ok=True)
+
+
+def previous_checkpoint(cfg: TrainConfig, output: Path) -> Path | None:
     previous = latest_checkpoint(output)
     if previous and not cfg.run.resume:
         log.warning(
             "%s holds checkpoints of an earlier run; starting fresh (run.resume=false)", output
         )
-        previous = None
-    with open(output / "metrics.jsonl", "a" if previous else "w") as metrics:
-        trainer = Trainer(cfg, parts, dataset, loader, metrics)
+        return None
+    return previous
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train a CLIP model on a build's shards; returns a summary of the run."""
+    place = setup_distributed()
+    torch.manual_seed(cfg.data.seed)  # the same initial weights on every rank
+    output = Path(cfg.run.output)
+    output.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(cfg.data.manifest, cfg.storage_options)
+    total = sum(shard.samples for shard in manifest.shards)
+    batches = batches_per_rank(total, place.world, cfg.data.batch_size, cfg.optim.accum_freq)
+    parts, (preprocess, tokenizer) = build_parts(
+        cfg, place, planned_steps(cfg, batches // cfg.optim.accum_freq)
+    )
+    dataset = make_dataset(cfg, manifest, place, preprocess, tokenizer)
+    loader = make_loader(dataset, cfg.data.workers, pin_memory=place.device.type == "cuda")
+    previous = previous_checkpoint(cfg, output)
+    mode = "a" if previous else "w"
+    with contextlib.ExitStack() as files:
+        metrics = (
+            files.enter_context(open(output / "metrics.jsonl", mode)) if place.rank == 0 else None
+        )
+        sample_log = None
+        if cfg.run.sample_log:
+            (output / "samples").mkdir(exist_ok=True)
+            sample_log = files.enter_context(
+                open(output / "samples" / f"rank-{place.rank}.jsonl", mode)
+            )
+        trainer = Trainer(cfg, parts, dataset, loader, place, metrics, sample_log)
         if previous:
-            trainer.state = restore_state(parts, previous)
+            trainer.state = restore_state(parts, previous, cfg, place.world)
             trainer.checkpoint = previous
         trainer.fit()
+    if place.world > 1:
+        dist.barrier()  # rank 0's final checkpoint is on disk before any rank reports done
     last = trainer.last_loss.item() if trainer.last_loss is not None else None
-    return {
+    summary = {
         "steps": trainer.state.step,
         "samples": trainer.state.samples_seen,
         "epoch": trainer.state.epoch,
+        "rank": place.rank,
+        "world": place.world,
         "first_loss": trainer.first_loss,
         "last_loss": last,
-        "device": str(device),
+        "device": str(place.device),
         "output": str(output),
         "metrics": str(output / "metrics.jsonl"),
         "checkpoint": str(trainer.checkpoint) if trainer.checkpoint else None,
     }
+    if place.rank == 0:
+        (output / "summary.json").write_text(json.dumps(summary))
+    return summary

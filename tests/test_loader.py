@@ -1,0 +1,286 @@
+"""The streaming loader's epoch plan: equal ranks on uneven shards, exact mid-epoch resume
+(pure plan, real DataLoader workers, and torchrun DDP on CPU with gloo)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from PIL import Image, ImageColor
+
+from trainer.config import TrainConfig
+from trainer.data import ImageTransform, ShardDataset, make_loader
+from trainer.manifest import read_manifest
+from trainer.models import build_model
+from trainer.plan import (
+    Layout,
+    batches_per_rank,
+    consumed_per_worker,
+    worker_batches,
+    worker_plan,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+UNEVEN = (1, 7, 1000, 16)  # 1,024 samples: 32 batches of 16 on each of 2 ranks, none left
+COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "white", "black"]
+
+
+def write_uneven_shards(folder: Path, sizes: tuple[int, ...] = UNEVEN) -> Path:
+    """Shards of the given sizes; sample i is a 72 px JPEG of one colour with its caption."""
+    rng = random.Random(0)
+    entries, index = [], 0
+    for s, size in enumerate(sizes):
+        path = folder / f"shard-{s:06d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for _ in range(size):
+                colour = COLOURS[index % len(COLOURS)]
+                rgb = tuple(min(c + rng.randint(0, 40), 255) for c in ImageColor.getrgb(colour))
+                buf = io.BytesIO()
+                Image.new("RGB", (72, 72), rgb).save(buf, "JPEG", quality=80)
+                for ext, payload in (("jpg", buf.getvalue()), ("txt", f"a {colour} square")):
+                    data = payload if isinstance(payload, bytes) else payload.encode()
+                    info = tarfile.TarInfo(f"k{index:06d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                index += 1
+        raw = path.read_bytes()
+        entries.append(
+            {
+                "name": path.name,
+                "samples": size,
+                "bytes": len(raw),
+                "sha256": hashlib.sha256(raw).hexdigest(),
+            }
+        )
+    doc = {"format": "mmcurate/1", "samples": index, "shards": entries}
+    (folder / "manifest.json").write_text(json.dumps(doc))
+    return folder / "manifest.json"
+
+
+@pytest.fixture(scope="module")
+def uneven_manifest(tmp_path_factory) -> Path:
+    return write_uneven_shards(tmp_path_factory.mktemp("uneven"))
+
+
+def round_robin(per_worker: list[list[list[int]]]) -> list[list[int]]:
+    """Batches in the order a DataLoader takes them from workers (exhausted ones skipped)."""
+    out, queues = [], [list(batches) for batches in per_worker]
+    while any(queues):
+        for queue in queues:
+            if queue:
+                out.append(queue.pop(0))
+    return out
+
+
+def rank_batches(sizes, rank, world, workers, batch, buffer, consumed=0) -> list[list[int]]:
+    per_worker = []
+    for w in range(workers):  # a resumed DataLoader's worker w plays worker w + consumed
+        layout = Layout(rank, world, (w + consumed) % workers, workers)
+        plan = worker_plan(sizes, 7, 0, layout, batch, buffer, consumed)
+        emitted = plan.emit
+        per_worker.append([emitted[i : i + batch] for i in range(0, len(emitted), batch)])
+    return round_robin(per_worker)
+
+
+def test_consumed_per_worker_matches_round_robin():
+    for total in range(0, 23):
+        for workers in range(1, 5):
+            counts = worker_batches(total, workers)
+            assert sum(counts) == total and max(counts) - min(counts) <= 1
+            order = round_robin([[w] * c for w, c in enumerate(counts)])
+            for k in range(total + 1):
+                expected = [order[:k].count(w) for w in range(workers)]
+                assert consumed_per_worker(counts, k) == expected
+
+
+@pytest.mark.parametrize("world,workers", [(1, 1), (2, 2), (3, 2), (2, 3)])
+def test_uneven_shards_give_every_rank_equal_batches_and_each_sample_once(world, workers):
+    batch, total = 8, sum(UNEVEN)
+    ranks = [rank_batches(UNEVEN, r, world, workers, batch, 64) for r in range(world)]
+    assert len({len(r) for r in ranks}) == 1  # equal steps: DDP cannot hang
+    assert len(ranks[0]) == batches_per_rank(total, world, batch) == total // (world * batch)
+    seen = [p for r in ranks for b in r for p in b]
+    assert all(len(b) == batch for r in ranks for b in r)
+    assert sorted(seen) == list(range(len(ranks[0]) * world * batch))  # once each
+
+
+def test_resume_after_any_step_continues_the_exact_sequence():
+    full = rank_batches(UNEVEN, 1, 2, 3, 8, 50)
+    for k in range(len(full) + 1):
+        assert rank_batches(UNEVEN, 1, 2, 3, 8, 50, consumed=k) == full[k:]
+
+
+def test_shuffle_buffer_mixes_within_a_worker_and_changes_per_epoch():
+    layout = Layout(0, 1, 0, 1)
+    no_shuffle = worker_plan(UNEVEN, 0, 0, layout, 8, 0).emit
+    shuffled = worker_plan(UNEVEN, 0, 0, layout, 8, 100).emit
+    assert no_shuffle == sorted(no_shuffle) and shuffled != no_shuffle
+    assert sorted(shuffled) == no_shuffle
+    assert worker_plan(UNEVEN, 0, 1, layout, 8, 100).emit != shuffled
+
+
+def test_accumulation_rounds_rank_batches_to_whole_steps():
+    assert batches_per_rank(1024, 2, 16, multiple=3) == 30  # 32 batches -> 10 steps of 3
+
+
+@pytest.fixture(scope="module")
+def tiny_transform():
+    cfg = TrainConfig.model_validate({"data": {"manifest": "x"}, "run": {"output": "x"}})
+    _, preprocess, tokenizer = build_model(cfg.model, torch.device("cpu"))
+    return ImageTransform(preprocess), tokenizer
+
+
+def loader_keys(manifest: Path, transform, tokenizer, resume: int = 0) -> list[list[str]]:
+    dataset = ShardDataset(
+        read_manifest(str(manifest)),
+        transform,
+        tokenizer,
+        batch_size=16,
+        seed=3,
+        shuffle_buffer=200,
+    )
+    dataset.resume_at(0, resume)
+    return [batch.keys for batch in make_loader(dataset, workers=2)]
+
+
+def test_real_workers_resume_mid_epoch_exactly(uneven_manifest, tiny_transform):
+    full = loader_keys(uneven_manifest, *tiny_transform)
+    assert len(full) == 64 and len({k for b in full for k in b}) == 1024
+    assert loader_keys(uneven_manifest, *tiny_transform, resume=23) == full[23:]
+
+
+def test_transform_split_matches_open_clip_preprocess(tiny_transform):
+    """uint8 in the workers + finish() on the device gives open_clip's own tensor."""
+    transform, _ = tiny_transform
+    image = Image.new("RGB", (90, 70), "orange")
+    torch.manual_seed(0)
+    ours = transform.finish(transform(image).unsqueeze(0))[0]
+    torch.manual_seed(0)
+    theirs = transform.full(image)
+    assert ours.dtype == torch.float32 and torch.allclose(ours, theirs, atol=1e-6)
+
+
+def run_torchrun(config: Path, world: int, *overrides: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={world}", "-m", "trainer", str(config)]
+    for override in overrides:
+        cmd += ["--set", override]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+
+
+def logged_steps(output: Path) -> dict[int, list[dict]]:
+    return {
+        int(path.stem.split("-")[1]): [json.loads(line) for line in path.read_text().splitlines()]
+        for path in (output / "samples").glob("rank-*.jsonl")
+    }
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_torchrun_stop_and_resume_sees_one_epoch_exactly(uneven_manifest, tmp_path, world):
+    output = tmp_path / "run"
+    config = tmp_path / "train.yaml"
+    tree = {
+        "data": {"manifest": str(uneven_manifest), "batch_size": 16, "workers": 2, "seed": 5},
+        "run": {"output": str(output), "log_every": 5, "sample_log": True, "epochs": 1},
+    }
+    config.write_text(yaml.safe_dump(tree))
+    stop_at = 11  # mid-epoch, and not a multiple of the two workers
+    first = run_torchrun(config, world, f"run.max_steps={stop_at}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_torchrun(config, world, "run.resume=true")
+    assert second.returncode == 0, second.stderr[-3000:]
+    ranks = logged_steps(output)
+    assert sorted(ranks) == list(range(world))
+    steps_per_rank = 1024 // (16 * world)
+    keys = []
+    for rows in ranks.values():
+        assert [r["step"] for r in rows] == list(range(1, steps_per_rank + 1))  # equal steps
+        keys += [key for r in rows for key in r["keys"]]
+    assert len(keys) == 1024 and len(set(keys)) == 1024  # no repeats, no losses
+    summaries = [json.loads(line) for line in second.stdout.splitlines() if line.startswith("{")]
+    assert {s["steps"] for s in summaries} == {steps_per_rank}
+    assert {s["world"] for s in summaries} == {world}
+
+
+def test_ray_train_launch_runs_two_ranks(uneven_manifest, tmp_path, ray_session):
+    from trainer.launch import launch_ray
+
+    cfg = TrainConfig.model_validate(
+        {
+            "data": {"manifest": str(uneven_manifest), "batch_size": 32, "workers": 1},
+            "run": {"output": str(tmp_path / "run"), "max_steps": 4, "sample_log": True},
+            "launch": {"mode": "ray", "workers": 2, "cpus_per_worker": 1},
+        }
+    )
+    summary = launch_ray(cfg)
+    assert summary["world"] == 2 and summary["steps"] == 4 and summary["samples"] == 4 * 64
+    ranks = logged_steps(tmp_path / "run")
+    keys = [k for rows in ranks.values() for row in rows for k in row["keys"]]
+    assert sorted(ranks) == [0, 1] and len(set(keys)) == len(keys) == 4 * 64
+    assert (tmp_path / "run" / "checkpoints" / "step-4.pt").is_file()
+
+
+def tiny_parts(loss: str = "clip"):
+    from trainer.train import Dist, build_parts
+
+    cfg = TrainConfig.model_validate(
+        {"data": {"manifest": "x"}, "model": {"loss": loss}, "run": {"output": "x"}}
+    )
+    torch.manual_seed(0)
+    parts, (preprocess, tokenizer) = build_parts(cfg, Dist(), total_steps=10)
+    return parts, ImageTransform(preprocess), tokenizer
+
+
+def random_batch(tokenizer, n: int, seed: int):
+    from trainer.data import Batch
+
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randn(n, 3, 64, 64, generator=gen)
+    words = ["red", "green", "blue", "cat", "dog", "tree", "car", "sky"]
+    texts = [f"a {words[i % 8]} {words[(i * 3 + seed) % 8]}" for i in range(n)]
+    return Batch(images, tokenizer(texts), [str(i) for i in range(n)])
+
+
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+def test_accumulated_gradients_equal_one_big_batch(loss):
+    from trainer.data import Batch
+    from trainer.train import accumulated_backward, clip_features, contrastive_loss
+
+    parts, _, tokenizer = tiny_parts(loss)
+    small = [random_batch(tokenizer, 8, seed) for seed in (1, 2, 3)]
+    big = Batch(torch.cat([b.images for b in small]), torch.cat([b.tokens for b in small]), [])
+    parts.model.zero_grad()
+    contrastive_loss(parts, clip_features(parts.model, big.images, big.tokens)).backward()
+    expected = {n: p.grad.clone() for n, p in parts.model.named_parameters()}
+    parts.model.zero_grad()
+    accumulated_backward(parts, small)
+    for name, param in parts.model.named_parameters():
+        assert torch.allclose(param.grad, expected[name], atol=1e-5, rtol=1e-3), name
+    if loss == "siglip":
+        assert "logit_bias" in dict(parts.model.named_parameters())
+
+
+def test_siglip_and_accumulation_train_through_the_loader(uneven_manifest, tmp_path):
+    from trainer.train import train
+
+    tree = {
+        "data": {"manifest": str(uneven_manifest), "batch_size": 16, "workers": 1},
+        "model": {"loss": "siglip"},
+        "optim": {"accum_freq": 3},
+        "run": {"output": str(tmp_path), "epochs": 1, "log_every": 100},
+    }
+    summary = train(TrainConfig.model_validate(tree))
+    # 64 batches of 16 -> 21 steps of 3 batches (the last batch of the epoch is not read)
+    assert summary["steps"] == 21 and summary["samples"] == 21 * 48
+    assert summary["last_loss"] < summary["first_loss"]
