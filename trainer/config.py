@@ -50,6 +50,7 @@ class DataConfig(_Section):
     workers: int = Field(2, ge=0)  # DataLoader worker processes per rank
     seed: int = 0
     shuffle_buffer: int = Field(1000, ge=0)  # samples each worker shuffles among (0: off)
+    gpu_decode: bool = False  # decode JPEGs (nvJPEG) and crop on the training device
 
     @field_validator("cache_limit")
     @classmethod

@@ -9,6 +9,7 @@ float conversion and normalization run on the training device (`ImageTransform.f
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import tarfile
@@ -20,8 +21,10 @@ import fsspec
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torchvision.transforms import Compose, Normalize, ToTensor
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import Compose, Normalize, RandomResizedCrop, ToTensor
 from torchvision.transforms.functional import pil_to_tensor
+from torchvision.transforms.v2.functional import resized_crop
 
 from pipeline.tario import EXT_ALIASES, split_member_name
 from stages.base import FRAME_COLUMN, IMAGE_COLUMNS
@@ -30,20 +33,26 @@ from trainer.manifest import Manifest
 from trainer.plan import Layout, Segment, WorkerPlan, batches_per_rank, worker_plan
 
 log = logging.getLogger(__name__)
+RGB = ImageReadMode.RGB
 
 PREFETCH_SHARDS = 2  # shard runs a worker asks the cache to fetch ahead of the one it reads
 
 
 class Batch(NamedTuple):
-    images: torch.Tensor  # [B, 3, H, W] (or clips [B, T, 3, H, W]); uint8 until finished
+    # [B, 3, H, W] (or clips [B, T, 3, H, W]), uint8 until finished; with device decode, a
+    # list of per-sample tensors: still-encoded JPEG bytes (1-D) or already-transformed images
+    images: torch.Tensor | list[torch.Tensor]
     tokens: torch.Tensor  # [B, context_length]
     keys: list[str]  # the planned samples, in order (for audits and the resume tests)
 
 
 class ImageTransform:
-    """open_clip's train transform, split at ToTensor: the PIL part runs in the workers and
-    yields uint8; `finish` (x / 255, then Normalize) runs on the device. Transforms that do not
-    end in ToTensor + Normalize run whole in the workers and `finish` only casts."""
+    """open_clip's train transform, split at ToTensor. In the workers: decode to a uint8
+    tensor (libjpeg-turbo through torchvision for JPEG, PIL otherwise), then the transform's
+    steps before ToTensor (RandomResizedCrop, ...) on that tensor, with torch's uint8 kernels:
+    about 3x faster than PIL's resize here, same crop distribution, bicubic antialiased.
+    `finish` (x / 255, Normalize) runs on the training device. A transform that does not end
+    in ToTensor + Normalize runs whole, on PIL images, in the workers."""
 
     def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor]) -> None:
         steps = list(preprocess.transforms) if isinstance(preprocess, Compose) else []
@@ -51,15 +60,28 @@ class ImageTransform:
             len(steps) >= 2 and isinstance(steps[-2], ToTensor) and isinstance(steps[-1], Normalize)
         )
         self.full = preprocess
-        self.pil = Compose(steps[:-2]) if split else None
+        self.pil = Compose([fast_step(step) for step in steps[:-2]]) if split else None
         self.mean = torch.tensor(steps[-1].mean).view(3, 1, 1) if split else None
         self.std = torch.tensor(steps[-1].std).view(3, 1, 1) if split else None
 
-    def __call__(self, image: Image.Image) -> torch.Tensor:
+    def __call__(self, data: bytes) -> torch.Tensor:
+        """Encoded image bytes -> uint8 [3, H, W] (float when the transform does not split)."""
         if self.pil is None:
-            return self.full(image)
-        image = self.pil(image)
-        return pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
+            return self.full(open_image(data).convert("RGB"))
+        return self.pil(decode_rgb(data))
+
+    def decode_on(self, images: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """Device decode: the batch's JPEG bytes (1-D) decoded together on `device` (nvJPEG
+        on CUDA), then the geometric steps there; other items arrive transformed."""
+        encoded = [i for i, image in enumerate(images) if image.dim() == 1]
+        out = [image.to(device, non_blocking=True) for image in images]
+        try:
+            decoded = decode_jpeg([images[i] for i in encoded], mode=RGB, device=device)
+        except RuntimeError:  # one bad file fails the batch call: decode one by one on the CPU
+            decoded = [decode_rgb(images[i].numpy().tobytes()).to(device) for i in encoded]
+        for i, image in zip(encoded, decoded, strict=True):
+            out[i] = self.pil(image)
+        return torch.stack(out)
 
     def finish(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 -> normalized float on the images' device (float input passes through)."""
@@ -67,6 +89,37 @@ class ImageTransform:
             return images.float()
         mean, std = self.mean.to(images.device), self.std.to(images.device)
         return images.float().div_(255).sub_(mean).div_(std)
+
+
+class ResizedCropU8:
+    """A RandomResizedCrop drawing the same crop (its own `get_params`, the same random
+    numbers) and resizing with torchvision v2's uint8 kernel: v1 on a tensor resizes in float,
+    about 3x slower."""
+
+    def __init__(self, crop: RandomResizedCrop) -> None:
+        self.crop = crop
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        c = self.crop
+        top, left, height, width = c.get_params(image, c.scale, c.ratio)
+        return resized_crop(
+            image, top, left, height, width, c.size, c.interpolation, antialias=c.antialias
+        )
+
+
+def fast_step(step: Callable) -> Callable:
+    return ResizedCropU8(step) if type(step) is RandomResizedCrop else step
+
+
+def decode_rgb(data: bytes) -> torch.Tensor:
+    """uint8 [3, H, W] RGB. PIL reads the header first, so its decompression-bomb limit
+    applies to JPEGs too."""
+    image = Image.open(io.BytesIO(data))
+    if image.format == "JPEG":
+        with contextlib.suppress(RuntimeError):  # e.g. a CMYK JPEG: PIL handles it below
+            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=RGB)
+    image.load()
+    return pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
 
 
 def read_segment(fileobj: Any, start: int, stop: int) -> Iterator[dict[str, Any]]:
@@ -127,6 +180,7 @@ class ShardDataset(IterableDataset):
         rank: int = 0,
         world: int = 1,
         step_batches: int = 1,
+        device_decode: bool = False,
         storage_options: dict[str, Any] | None = None,
         cache: tuple[str, int] | None = None,
     ) -> None:
@@ -135,6 +189,8 @@ class ShardDataset(IterableDataset):
         self.transform, self.tokenizer = transform, tokenizer
         self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
         self.rank, self.world, self.step_batches = rank, world, step_batches
+        # Why the check: device decode needs the split transform to crop on the device.
+        self.device_decode = device_decode and transform.pil is not None
         self.storage_options = dict(storage_options or {})
         self.cache_spec = cache  # (folder, byte limit): read shards through a local ShardCache
         self._cache: ShardCache | None = None
@@ -244,7 +300,9 @@ class ShardDataset(IterableDataset):
                 raise RuntimeError(f"epoch {self.epoch}: a whole batch of samples is unusable")
             return previous
         filled = [item if item is not None else good[i % len(good)] for i, item in enumerate(items)]
-        images = torch.stack([image for image, _ in filled])
+        images = [image for image, _ in filled]
+        if not any(image.dim() == 1 for image in images):  # nothing left for the device
+            images = torch.stack(images)
         tokens = self.tokenizer([text for _, text in filled])
         keys = [raw["__key__"] if raw is not None else "" for _, raw in raws]
         return Batch(images, tokens, keys)
@@ -257,13 +315,15 @@ class ShardDataset(IterableDataset):
             text = sample["txt"].decode("utf-8")
             frames = frame_columns(sample)
             if frames:
-                clip = [self.transform(open_image(sample[c])) for c in frames]
-                return torch.stack(clip), text
+                return torch.stack([self.transform(sample[c]) for c in frames]), text
             column = next((c for c in IMAGE_COLUMNS if c in sample), None)
             if column is None:
                 return None
-            return self.transform(open_image(sample[column])), text
-        except (OSError, ValueError, Image.DecompressionBombError):
+            if self.device_decode and column == "jpg":
+                Image.open(io.BytesIO(sample[column]))  # header and bomb checks only
+                return torch.frombuffer(bytearray(sample[column]), dtype=torch.uint8), text
+            return self.transform(sample[column]), text
+        except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):
             return None  # Why: one bad sample must not stop training
 
 

@@ -170,7 +170,10 @@ class DevicePrefetcher:
         self.loader, self.device, self.transform = loader, device, transform
 
     def to_device(self, batch: Batch) -> Batch:
-        images = batch.images.to(self.device, non_blocking=True)
+        if isinstance(batch.images, list):  # data.gpu_decode: JPEGs decode here
+            images = self.transform.decode_on(batch.images, self.device)
+        else:
+            images = batch.images.to(self.device, non_blocking=True)
         tokens = batch.tokens.to(self.device, non_blocking=True)
         return Batch(self.transform.finish(images), tokens, batch.keys)
 
@@ -516,6 +519,7 @@ def make_dataset(
         rank=place.rank,
         world=place.world,
         step_batches=cfg.optim.accum_freq,
+        device_decode=cfg.data.gpu_decode,
         storage_options=cfg.storage_options,
         cache=cache,
     )
