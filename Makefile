@@ -4,6 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# Debian's Chromium + ChromeDriver render the demo report in tests/test_demo.py.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+INSTALL_CHROMIUM := ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	|| echo "warning: could not install chromium chromium-driver; the report browser test will fail"
+
 .PHONY: install demo test lint bench clean
 
 install: $(STAMP)
@@ -15,6 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/pip install -q torch torchvision
 	$(BIN)/pip install -q -e ".[test]"
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || $(INSTALL_CHROMIUM)
 	touch $(STAMP)
 
 demo: install

@@ -311,3 +311,23 @@ def test_device_decode_gives_the_same_batches(uneven_manifest, tiny_transform):
         assert cpu.keys == device.keys and device.images.shape == (16, 3, 64, 64)
         # solid-colour squares: any crop gives the same pixels, so the two paths agree
         assert torch.allclose(cpu.images, device.images, atol=0.05)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epoch_stream_runs_epochs_back_to_back_in_order(uneven_manifest, tiny_transform, workers):
+    """The next epoch's workers start before the current epoch ends; the batches are still
+    exactly epoch 0's then epoch 1's, also when resumed one batch before an epoch's end."""
+    from trainer.train import epoch_stream
+
+    manifest = read_manifest(str(uneven_manifest))
+    dataset = ShardDataset(manifest, *tiny_transform, batch_size=64, seed=2)
+    loader = make_loader(dataset, workers)
+    expected = []
+    for epoch in (0, 1, 2):
+        dataset.set_epoch(epoch)
+        expected.append([b.keys for b in loader])
+    stream = epoch_stream(loader, dataset, 0, 16, 16, last_epoch=2)
+    assert [b.keys for b in stream] == expected[0] + expected[1] + expected[2]
+    dataset.resume_at(0, 15)
+    stream = epoch_stream(loader, dataset, 0, 1, 16, last_epoch=1)
+    assert [b.keys for b in stream] == expected[0][15:] + expected[1]

@@ -347,3 +347,19 @@ def test_training_through_the_shard_cache(manifest_path, tmp_path):
     cached = sorted(p.stat().st_size for p in (tmp_path / "cache").glob("*.tar"))
     manifest = read_manifest(str(manifest_path))
     assert cached == sorted(s.bytes for s in manifest.shards)  # every shard, downloaded whole
+
+
+def test_tensorboard_gets_the_metrics_rows(manifest_path, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    body = tree(manifest_path, tmp_path, max_steps=4, log_every=2, tensorboard=True)
+    train(TrainConfig.model_validate(body))
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = events.Scalars("train/loss")
+    assert [e.step for e in logged] == [r["step"] for r in rows] == [1, 2, 4]
+    assert [e.value for e in logged] == pytest.approx([r["loss"] for r in rows])
+    assert {"train/samples_per_s", "train/data_wait_frac", "train/lr"} <= set(
+        events.Tags()["scalars"]
+    )

@@ -86,6 +86,7 @@ class RunConfig(_Section):
     checkpoint_every: int | None = Field(None, gt=0)
     resume: bool = False  # continue from the newest checkpoint in output, if any
     sample_log: bool = False  # write samples/rank-<r>.jsonl: the keys of every step's batch
+    tensorboard: bool = False  # also log the metrics rows to <output>/tensorboard (rank 0)
 
     @field_validator("output")
     @classmethod

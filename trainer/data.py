@@ -4,7 +4,8 @@ Each DataLoader worker follows its part of the epoch plan (trainer/plan.py): it 
 shard runs, front to back, holds raw samples until the shuffle buffer emits them, and yields
 whole batches: `Batch(images, tokens, keys)`. Images leave the workers as uint8 after the
 geometric part of the train transform (4x less to pass between processes than float); the
-float conversion and normalization run on the training device (`ImageTransform.finish`).
+float conversion and normalization run on the training GPU (`ImageTransform.finish`), or in
+the workers when training on the CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 RGB = ImageReadMode.RGB
 
 PREFETCH_SHARDS = 2  # shard runs a worker asks the cache to fetch ahead of the one it reads
+# Batches each worker may have ready ahead of the training step (torch's default is 2): the
+# deeper queue absorbs the workers' jitter (shard opens, slow samples, epoch restarts).
+PREFETCH_BATCHES = 4
 
 
 class Batch(NamedTuple):
@@ -82,6 +86,14 @@ class ImageTransform:
         for i, image in zip(encoded, decoded, strict=True):
             out[i] = self.pil(image)
         return torch.stack(out)
+
+    def finish_on(
+        self, images: torch.Tensor | list[torch.Tensor], device: torch.device
+    ) -> torch.Tensor:
+        """A batch as the loader yields it -> normalized float on `device`."""
+        if isinstance(images, list):  # data.gpu_decode: JPEGs decode here
+            return self.finish(self.decode_on(images, device))
+        return self.finish(images.to(device, non_blocking=True))
 
     def finish(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 -> normalized float on the images' device (float input passes through)."""
@@ -181,6 +193,7 @@ class ShardDataset(IterableDataset):
         world: int = 1,
         step_batches: int = 1,
         device_decode: bool = False,
+        finish_in_workers: bool = False,
         storage_options: dict[str, Any] | None = None,
         cache: tuple[str, int] | None = None,
     ) -> None:
@@ -191,6 +204,9 @@ class ShardDataset(IterableDataset):
         self.rank, self.world, self.step_batches = rank, world, step_batches
         # Why the check: device decode needs the split transform to crop on the device.
         self.device_decode = device_decode and transform.pil is not None
+        # Training on the CPU: normalize in the workers too, so the training process (also
+        # on the CPU) gets float batches and only trains.
+        self.finish_in_workers = finish_in_workers and not self.device_decode
         self.storage_options = dict(storage_options or {})
         self.cache_spec = cache  # (folder, byte limit): read shards through a local ShardCache
         self._cache: ShardCache | None = None
@@ -231,18 +247,22 @@ class ShardDataset(IterableDataset):
         return Layout(self.rank, self.world, (worker + consumed) % workers, workers)
 
     def __iter__(self) -> Iterator[Batch]:
+        # Why not a generator: the plan is fixed here, when the DataLoader calls iter(), so a
+        # later set_epoch (the next epoch's lookahead, trainer/train.py) cannot change it.
         consumed = self.resume[1] if self.resume and self.resume[0] == self.epoch else 0
-        plan = self.plan(self.layout(consumed), consumed)
+        return self.batches(self.plan(self.layout(consumed), consumed), self.epoch)
+
+    def batches(self, plan: WorkerPlan, epoch: int) -> Iterator[Batch]:
         samples = self.emitted(plan)
         last: Batch | None = None
         for _ in range(plan.batches):
             raws = [next(samples) for _ in range(self.batch_size)]
-            last = self.collate(raws, last)
+            last = self.collate(raws, last, epoch)
             yield last
         if self.counters.substituted:
             log.warning(
                 "epoch %d: %d of %d samples were unusable and replaced by others of their batch",
-                self.epoch,
+                epoch,
                 self.counters.substituted,
                 self.counters.samples,
             )
@@ -287,7 +307,7 @@ class ShardDataset(IterableDataset):
         return fsspec.open(self.shards[index].url, "rb", **self.storage_options)
 
     def collate(
-        self, raws: list[tuple[int, dict[str, Any] | None]], previous: Batch | None
+        self, raws: list[tuple[int, dict[str, Any] | None]], previous: Batch | None, epoch: int
     ) -> Batch:
         """Decode one batch. An unusable sample is replaced by a usable one of the same batch
         (or of the previous batch), so every rank still yields full, equal batches."""
@@ -297,12 +317,14 @@ class ShardDataset(IterableDataset):
         self.counters.substituted += len(items) - len(good)
         if not good:
             if previous is None:
-                raise RuntimeError(f"epoch {self.epoch}: a whole batch of samples is unusable")
+                raise RuntimeError(f"epoch {epoch}: a whole batch of samples is unusable")
             return previous
         filled = [item if item is not None else good[i % len(good)] for i, item in enumerate(items)]
         images = [image for image, _ in filled]
         if not any(image.dim() == 1 for image in images):  # nothing left for the device
             images = torch.stack(images)
+            if self.finish_in_workers:
+                images = self.transform.finish(images)
         tokens = self.tokenizer([text for _, text in filled])
         keys = [raw["__key__"] if raw is not None else "" for _, raw in raws]
         return Batch(images, tokens, keys)
@@ -330,11 +352,16 @@ class ShardDataset(IterableDataset):
 def make_loader(dataset: ShardDataset, workers: int, pin_memory: bool = False) -> DataLoader:
     """Workers build whole batches, so the DataLoader only passes them on (batch_size=None);
     it takes them from the workers round-robin, which the resume arithmetic relies on."""
+    if workers:
+        # Why process-wide: torch has no per-loader option. Batches pass as named shared
+        # memory files instead of file descriptors, which the training process would have to
+        # fetch from each busy worker's sharing thread (about 5 ms a batch measured here).
+        torch.multiprocessing.set_sharing_strategy("file_system")
     return DataLoader(
         dataset,
         batch_size=None,
         num_workers=workers,
         pin_memory=pin_memory,
-        prefetch_factor=4 if workers else None,
+        prefetch_factor=PREFETCH_BATCHES if workers else None,
         in_order=True,
     )

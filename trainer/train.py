@@ -16,6 +16,7 @@ process group comes from the environment, gloo on CPU and NCCL on GPU.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -170,12 +171,8 @@ class DevicePrefetcher:
         self.loader, self.device, self.transform = loader, device, transform
 
     def to_device(self, batch: Batch) -> Batch:
-        if isinstance(batch.images, list):  # data.gpu_decode: JPEGs decode here
-            images = self.transform.decode_on(batch.images, self.device)
-        else:
-            images = batch.images.to(self.device, non_blocking=True)
         tokens = batch.tokens.to(self.device, non_blocking=True)
-        return Batch(self.transform.finish(images), tokens, batch.keys)
+        return Batch(self.transform.finish_on(batch.images, self.device), tokens, batch.keys)
 
     def __iter__(self) -> Iterator[Batch]:
         if self.device.type != "cuda":
@@ -199,6 +196,36 @@ class DevicePrefetcher:
             return None
         with torch.cuda.stream(stream):
             return self.to_device(batch)
+
+
+def epoch_stream(
+    loader: Any,
+    dataset: ShardDataset,
+    epoch: int,
+    remaining: int,
+    per_epoch: int,
+    last_epoch: int | None = None,
+) -> Iterator[Batch]:
+    """Batches of epoch after epoch without a gap: the next epoch's workers start (forked
+    with the dataset set to that epoch) while the current epoch's last batches are still
+    queued, so the queue does not drain at each epoch boundary."""
+    lookahead = max(loader.num_workers, 1) * (loader.prefetch_factor or 1)
+    dataset.set_epoch(epoch)
+    current = iter(loader)
+    while True:
+        upcoming = None
+        for left in range(remaining, 0, -1):
+            if left == lookahead and epoch != last_epoch:
+                dataset.set_epoch(epoch + 1)
+                upcoming = iter(loader)
+            yield next(current)
+        next(current, None)  # lets the finished iterator shut its workers down
+        if epoch == last_epoch:
+            return
+        if upcoming is None:
+            dataset.set_epoch(epoch + 1)
+            upcoming = iter(loader)
+        epoch, current, remaining = epoch + 1, upcoming, per_epoch
 
 
 def timed(batches: Iterator[Batch], meter: Meter) -> Iterator[Batch]:
@@ -378,6 +405,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.parts, self.dataset, self.loader = cfg, parts, dataset, loader
         self.place, self.metrics, self.sample_log = place, metrics, sample_log
+        self.board: Any = None  # a TensorBoard SummaryWriter on rank 0 (run.tensorboard)
         self.state = LoopState()
         self.meter = Meter()
         self.epoch_batches = dataset.batches_per_epoch()
@@ -398,17 +426,24 @@ class Trainer:
             )
         self.bar.update(self.state.step)  # a resumed run starts where it stopped
         self.dataset.resume_at(self.state.epoch, self.state.batches_in_epoch)
-        while not finished(self.cfg, self.state):
-            self.dataset.set_epoch(self.state.epoch)
-            self.run_epoch()
+        last_epoch = None if self.cfg.run.max_steps is not None else self.cfg.run.epochs - 1
+        stream = epoch_stream(
+            self.loader,
+            self.dataset,
+            self.state.epoch,
+            self.epoch_batches - self.state.batches_in_epoch,
+            self.epoch_batches,
+            last_epoch,
+        )
+        if not finished(self.cfg, self.state):
+            self.run(DevicePrefetcher(stream, self.place.device, self.dataset.transform))
         self.finish()
         self.bar.close()
 
-    def run_epoch(self) -> None:
+    def run(self, batches: DevicePrefetcher) -> None:
         accum = self.cfg.optim.accum_freq
         tick, group = time.perf_counter(), []
-        device_batches = DevicePrefetcher(self.loader, self.place.device, self.dataset.transform)
-        for batch in timed(iter(device_batches), self.meter):
+        for batch in timed(iter(batches), self.meter):
             group.append(batch)
             if len(group) < accum:
                 continue
@@ -422,13 +457,13 @@ class Trainer:
             group = []
             if finished(self.cfg, self.state):
                 return
-        self.state.epoch += 1
-        self.state.batches_in_epoch = 0
 
     def after_step(self, loss: torch.Tensor, group: list[Batch], lr: float) -> None:
         state, run = self.state, self.cfg.run
         state.step += 1
         state.batches_in_epoch += len(group)
+        if state.batches_in_epoch == self.epoch_batches:  # epochs hold whole steps
+            state.epoch, state.batches_in_epoch = state.epoch + 1, 0
         state.samples_seen += sum(len(b.keys) for b in group) * self.place.world
         if self.sample_log:
             keys = [key for batch in group for key in batch.keys]
@@ -459,6 +494,10 @@ class Trainer:
         if self.metrics:
             self.metrics.write(json.dumps(row) + "\n")
             self.metrics.flush()
+        if self.board:
+            for name in ("loss", "samples_per_s", "data_wait_frac", "lr", "epoch"):
+                self.board.add_scalar(f"train/{name}", row[name], row["step"])
+            self.board.flush()
 
     def finish(self) -> None:
         """Log the last partial window and checkpoint the final step (once)."""
@@ -520,6 +559,7 @@ def make_dataset(
         world=place.world,
         step_batches=cfg.optim.accum_freq,
         device_decode=cfg.data.gpu_decode,
+        finish_in_workers=place.device.type != "cuda",
         storage_options=cfg.storage_options,
         cache=cache,
     )
@@ -535,8 +575,21 @@ def previous_checkpoint(cfg: TrainConfig, output: Path) -> Path | None:
     return previous
 
 
+def tensorboard_writer(output: Path) -> Any:
+    """A SummaryWriter for `<output>/tensorboard`; one clear line when tensorboard is missing."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "run.tensorboard: needs the tensorboard package (pip install tensorboard)"
+        )
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(output / "tensorboard"))
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train a CLIP model on a build's shards; returns a summary of the run."""
+    if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        tensorboard_writer(Path(cfg.run.output))  # fails fast, before any model is built
     place = setup_distributed()
     torch.manual_seed(cfg.data.seed)  # the same initial weights on every rank
     output = Path(cfg.run.output)
@@ -562,6 +615,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 open(output / "samples" / f"rank-{place.rank}.jsonl", mode)
             )
         trainer = Trainer(cfg, parts, dataset, loader, place, metrics, sample_log)
+        if cfg.run.tensorboard and place.rank == 0:
+            trainer.board = tensorboard_writer(output)
+            files.callback(trainer.board.close)
         if previous:
             trainer.state = restore_state(parts, previous, cfg, place.world)
             trainer.checkpoint = previous
