@@ -331,3 +331,46 @@ def test_epoch_stream_runs_epochs_back_to_back_in_order(uneven_manifest, tiny_tr
     dataset.resume_at(0, 15)
     stream = epoch_stream(loader, dataset, 0, 1, 16, last_epoch=1)
     assert [b.keys for b in stream] == expected[0][15:] + expected[1]
+
+
+def test_torchrun_accumulation_and_siglip_on_two_ranks(uneven_manifest, tmp_path):
+    """DDP with accum_freq 2: the temperature gets its gradient in the last, synced pass."""
+    config = tmp_path / "train.yaml"
+    tree = {
+        "data": {"manifest": str(uneven_manifest), "batch_size": 16, "workers": 1},
+        "model": {"loss": "siglip"},
+        "optim": {"accum_freq": 2},
+        "run": {"output": str(tmp_path / "run"), "max_steps": 3, "log_every": 1},
+    }
+    config.write_text(yaml.safe_dump(tree))
+    result = run_torchrun(config, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {s["steps"] for s in summaries} == {3} and {s["world"] for s in summaries} == {2}
+    assert {s["samples"] for s in summaries} == {3 * 2 * 16 * 2}
+
+
+def test_a_short_shard_and_an_undecodable_jpeg_are_replaced(tmp_path, tiny_transform):
+    """A shard holding fewer samples than the manifest says, and a JPEG that only its header
+    makes look valid: batches stay full and every step still comes."""
+    from trainer.train import DevicePrefetcher
+
+    manifest_path = write_uneven_shards(tmp_path, sizes=(40, 24))
+    doc = json.loads(manifest_path.read_text())
+    doc["shards"][1]["samples"] = 40  # the shard holds 24: 16 are missing
+    doc["samples"] = 80
+    manifest_path.write_text(json.dumps(doc))
+    transform, tokenizer = tiny_transform
+    dataset = ShardDataset(
+        read_manifest(str(manifest_path)), transform, tokenizer, batch_size=16, device_decode=True
+    )
+    batches = list(DevicePrefetcher(make_loader(dataset, 0), torch.device("cpu"), transform))
+    assert len(batches) == 5 and all(b.images.shape == (16, 3, 64, 64) for b in batches)
+    assert dataset.counters.substituted == 16
+    jpeg = io.BytesIO()
+    Image.new("RGB", (72, 72), "red").save(jpeg, "JPEG")
+    truncated = jpeg.getvalue()[: len(jpeg.getvalue()) // 3]
+    good = torch.frombuffer(bytearray(jpeg.getvalue()), dtype=torch.uint8)
+    bad = torch.frombuffer(bytearray(truncated), dtype=torch.uint8)
+    images = transform.decode_on([good, bad, good], torch.device("cpu"))
+    assert images.shape == (3, 3, 64, 64)

@@ -363,3 +363,13 @@ def test_tensorboard_gets_the_metrics_rows(manifest_path, tmp_path):
     assert {"train/samples_per_s", "train/data_wait_frac", "train/lr"} <= set(
         events.Tags()["scalars"]
     )
+
+
+def test_resume_drops_log_lines_written_after_the_checkpoint(tmp_path):
+    from trainer.train import trim_log
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)))
+    trim_log(log, 5)
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    trim_log(tmp_path / "missing.jsonl", 5)  # nothing to trim

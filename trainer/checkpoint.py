@@ -28,6 +28,14 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> Path:
     return path
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step in a checkpoint's name (`step-<N>.pt`)."""
+    match = _NAME.match(path.name)
+    if not match:
+        raise ValueError(f"not a checkpoint name: {path.name}")
+    return int(match.group(1))
+
+
 def latest_checkpoint(output: str | Path) -> Path | None:
     """The checkpoint with the highest step in `<output>/checkpoints`, or None."""
     folder = Path(output) / "checkpoints"

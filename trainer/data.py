@@ -29,7 +29,7 @@ from torchvision.transforms.v2.functional import resized_crop
 
 from pipeline.tario import EXT_ALIASES, split_member_name
 from stages.base import FRAME_COLUMN, IMAGE_COLUMNS
-from trainer.cache import ShardCache
+from trainer.cache import ShardCache, ShardCorrupt
 from trainer.manifest import Manifest
 from trainer.plan import Layout, Segment, WorkerPlan, batches_per_rank, worker_plan
 
@@ -76,16 +76,22 @@ class ImageTransform:
 
     def decode_on(self, images: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         """Device decode: the batch's JPEG bytes (1-D) decoded together on `device` (nvJPEG
-        on CUDA), then the geometric steps there; other items arrive transformed."""
+        on CUDA), then the geometric steps there; other items arrive transformed. A file
+        the decoder rejects is replaced by another image of the batch, as in `collate`."""
         encoded = [i for i, image in enumerate(images) if image.dim() == 1]
-        out = [image.to(device, non_blocking=True) for image in images]
+        out: list[torch.Tensor | None] = [
+            None if image.dim() == 1 else image.to(device, non_blocking=True) for image in images
+        ]
         try:
             decoded = decode_jpeg([images[i] for i in encoded], mode=RGB, device=device)
         except RuntimeError:  # one bad file fails the batch call: decode one by one on the CPU
-            decoded = [decode_rgb(images[i].numpy().tobytes()).to(device) for i in encoded]
+            decoded = [decode_or_none(images[i].numpy().tobytes(), device) for i in encoded]
         for i, image in zip(encoded, decoded, strict=True):
-            out[i] = self.pil(image)
-        return torch.stack(out)
+            out[i] = None if image is None else self.pil(image)
+        good = [image for image in out if image is not None]
+        if not good:
+            raise RuntimeError("a whole batch of JPEGs failed to decode")
+        return torch.stack([image if image is not None else good[0] for image in out])
 
     def finish_on(
         self, images: torch.Tensor | list[torch.Tensor], device: torch.device
@@ -121,6 +127,13 @@ class ResizedCropU8:
 
 def fast_step(step: Callable) -> Callable:
     return ResizedCropU8(step) if type(step) is RandomResizedCrop else step
+
+
+def decode_or_none(data: bytes, device: torch.device) -> torch.Tensor | None:
+    try:
+        return decode_rgb(data).to(device)
+    except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):
+        return None
 
 
 def decode_rgb(data: bytes) -> torch.Tensor:
@@ -275,20 +288,32 @@ class ShardDataset(IterableDataset):
         for position in plan.emit:
             while position not in pending:
                 found = next(reader, None)
-                if found is None:  # the shards held fewer samples than the manifest says
+                if found is None:  # cannot happen: every planned position is yielded
                     pending[position] = None
                 elif found[0] in wanted:
                     pending[found[0]] = found[1]
             yield position, pending.pop(position)
 
-    def read_positions(self, runs: Sequence[Segment]) -> Iterator[tuple[int, dict[str, Any]]]:
+    def read_positions(
+        self, runs: Sequence[Segment]
+    ) -> Iterator[tuple[int, dict[str, Any] | None]]:
         for index, run in enumerate(runs):
             if self.cache_spec:
                 ahead = runs[index + 1 : index + 1 + PREFETCH_SHARDS]
                 self.cache().prefetch([self.shard_entry(r.shard) for r in ahead])
-            with self.open_shard(run.shard) as f:
-                for offset, sample in enumerate(read_segment(f, run.start, run.stop)):
-                    yield run.position + offset, sample
+            delivered = 0
+            try:
+                with self.open_shard(run.shard) as f:
+                    for sample in read_segment(f, run.start, run.stop):
+                        yield run.position + delivered, sample
+                        delivered += 1
+            # Why broad: storage backends raise their own errors; the cache already retried.
+            except (OSError, tarfile.TarError, ShardCorrupt) as err:
+                log.warning(
+                    "%s: %s; its unread samples are replaced", self.shards[run.shard].url, err
+                )
+            for offset in range(delivered, run.stop - run.start):  # short or unreadable shard
+                yield run.position + offset, None
 
     def cache(self) -> ShardCache:
         """This process's handle on the node's shard cache (made after the worker forks)."""

@@ -36,7 +36,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from pipeline.config_io import ConfigError
-from trainer.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    checkpoint_path,
+    checkpoint_step,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
 from trainer.manifest import Manifest, read_manifest
@@ -46,7 +52,10 @@ from trainer.plan import batches_per_rank
 log = logging.getLogger(__name__)
 
 # Loader settings a mid-epoch resume must share with the run that wrote the checkpoint.
-LOADER_LAYOUT = ("seed", "batch_size", "workers", "world", "shuffle_buffer", "accum_freq")
+LOADER_LAYOUT = (
+    *("seed", "batch_size", "workers", "world", "shuffle_buffer", "accum_freq"),
+    "manifest_samples",  # a changed manifest would change the plan
+)
 
 
 @dataclass(frozen=True)
@@ -57,12 +66,14 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # this process made the process group (torchrun; not Ray)
 
 
 def setup_distributed() -> Dist:
     """Join the process group torchrun (or Ray Train) describes; a single process otherwise."""
     cuda = torch.cuda.is_available()
-    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    owns = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if owns:
         dist.init_process_group("nccl" if cuda else "gloo")
     if not dist.is_initialized():
         return Dist(device=torch.device("cuda" if cuda else "cpu"))
@@ -71,7 +82,7 @@ def setup_distributed() -> Dist:
     device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device, owns)
 
 
 @dataclass
@@ -312,7 +323,8 @@ def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:
                     features = [c[name] for c in cached]
                     features[j] = fresh[name]  # only this batch's features carry gradients
                     joined[name] = torch.cat(features)
-                if j:  # the temperature (and bias) get their gradient once, not once per batch
+                if not last:  # the temperature (and bias) get their gradient once: in the
+                    # last, synced backward (DDP needs every parameter's gradient there)
                     for name in ("logit_scale", "logit_bias"):
                         if name in joined:
                             joined[name] = joined[name].detach()
@@ -321,21 +333,26 @@ def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:
     return loss
 
 
-def loader_state(state: LoopState, cfg: TrainConfig, world: int) -> dict[str, Any]:
+def loader_state(
+    state: LoopState, cfg: TrainConfig, world: int, manifest_samples: int
+) -> dict[str, Any]:
     return {
         "epoch": state.epoch,
         "batches_in_epoch": state.batches_in_epoch,
         "samples_seen": state.samples_seen,
         "seed": cfg.data.seed,
         "batch_size": cfg.data.batch_size,
-        "workers": cfg.data.workers,
+        "workers": max(cfg.data.workers, 1),  # 0 (in-process) plans as 1 worker
         "world": world,
         "shuffle_buffer": cfg.data.shuffle_buffer,
         "accum_freq": cfg.optim.accum_freq,
+        "manifest_samples": manifest_samples,
     }
 
 
-def save_state(parts: Parts, state: LoopState, cfg: TrainConfig, world: int) -> Path:
+def save_state(
+    parts: Parts, state: LoopState, cfg: TrainConfig, world: int, manifest_samples: int
+) -> Path:
     """Checkpoint model, optimizer, schedule, loader position and the resolved config."""
     return save_checkpoint(
         checkpoint_path(cfg.run.output, state.step),
@@ -346,18 +363,20 @@ def save_state(parts: Parts, state: LoopState, cfg: TrainConfig, world: int) -> 
             "optimizer": parts.optimizer.state_dict(),
             "scheduler": parts.scheduler.state_dict(),
             "scaler": parts.scaler.state_dict(),
-            "loader": loader_state(state, cfg, world),
+            "loader": loader_state(state, cfg, world, manifest_samples),
             "config": cfg.redacted(),
         },
     )
 
 
-def restore_state(parts: Parts, path: Path, cfg: TrainConfig, world: int) -> LoopState:
+def restore_state(
+    parts: Parts, path: Path, cfg: TrainConfig, world: int, manifest_samples: int
+) -> LoopState:
     """Load a checkpoint into `parts` and return where the data continues. Mid-epoch, the
     loader layout must match the one that wrote it (else the plan would differ)."""
     ckpt = load_checkpoint(path)
     saved = ckpt["loader"]
-    now = loader_state(LoopState(), cfg, world)
+    now = loader_state(LoopState(), cfg, world, manifest_samples)
     changed = [k for k in LOADER_LAYOUT if saved.get(k, now[k]) != now[k]]
     if changed and saved.get("batches_in_epoch", 0):
         was = ", ".join(f"{k}={saved.get(k)}" for k in changed)
@@ -435,8 +454,11 @@ class Trainer:
             self.epoch_batches,
             last_epoch,
         )
-        if not finished(self.cfg, self.state):
-            self.run(DevicePrefetcher(stream, self.place.device, self.dataset.transform))
+        try:
+            if not finished(self.cfg, self.state):
+                self.run(DevicePrefetcher(stream, self.place.device, self.dataset.transform))
+        finally:
+            stream.close()  # stops the loader workers before the final checkpoint
         self.finish()
         self.bar.close()
 
@@ -462,7 +484,7 @@ class Trainer:
         state, run = self.state, self.cfg.run
         state.step += 1
         state.batches_in_epoch += len(group)
-        if state.batches_in_epoch == self.epoch_batches:  # epochs hold whole steps
+        if state.batches_in_epoch >= self.epoch_batches:  # epochs hold whole steps
             state.epoch, state.batches_in_epoch = state.epoch + 1, 0
         state.samples_seen += sum(len(b.keys) for b in group) * self.place.world
         if self.sample_log:
@@ -480,7 +502,10 @@ class Trainer:
 
     def save(self) -> None:
         if self.place.rank == 0:
-            self.checkpoint = save_state(self.parts, self.state, self.cfg, self.place.world)
+            samples = sum(self.dataset.sizes)
+            self.checkpoint = save_state(
+                self.parts, self.state, self.cfg, self.place.world, samples
+            )
         else:
             self.checkpoint = checkpoint_path(self.cfg.run.output, self.state.step)
 
@@ -565,14 +590,31 @@ def make_dataset(
     )
 
 
-def previous_checkpoint(cfg: TrainConfig, output: Path) -> Path | None:
-    previous = latest_checkpoint(output)
+def previous_checkpoint(cfg: TrainConfig, output: Path, place: Dist) -> Path | None:
+    """The checkpoint to resume from, chosen by rank 0 for every rank (each must read it)."""
+    previous = latest_checkpoint(output) if place.rank == 0 else None
     if previous and not cfg.run.resume:
         log.warning(
             "%s holds checkpoints of an earlier run; starting fresh (run.resume=false)", output
         )
-        return None
+        previous = None
+    if place.world > 1:
+        chosen = [str(previous) if previous else None]
+        dist.broadcast_object_list(chosen, src=0)
+        previous = Path(chosen[0]) if chosen[0] else None
+        if previous and not previous.is_file():
+            raise ConfigError(
+                f"run.output: rank {place.rank} cannot read {previous}; resuming needs "
+                "run.output on a filesystem every node shares"
+            )
     return previous
+
+
+def trim_log(path: Path, step: int) -> None:
+    """Drop the lines a stopped run logged after the checkpoint it resumes from."""
+    if path.is_file():
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(x for x in lines if json.loads(x)["step"] <= step))
 
 
 def tensorboard_writer(output: Path) -> Any:
@@ -600,10 +642,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     parts, (preprocess, tokenizer) = build_parts(
         cfg, place, planned_steps(cfg, batches // cfg.optim.accum_freq)
     )
+    torch.manual_seed(cfg.data.seed + place.rank)  # each rank its own augmentations
     dataset = make_dataset(cfg, manifest, place, preprocess, tokenizer)
     loader = make_loader(dataset, cfg.data.workers, pin_memory=place.device.type == "cuda")
-    previous = previous_checkpoint(cfg, output)
+    previous = previous_checkpoint(cfg, output, place)
     mode = "a" if previous else "w"
+    sample_path = output / "samples" / f"rank-{place.rank}.jsonl"
+    if previous:
+        for path in (output / "metrics.jsonl", sample_path):
+            trim_log(path, checkpoint_step(previous))
     with contextlib.ExitStack() as files:
         metrics = (
             files.enter_context(open(output / "metrics.jsonl", mode)) if place.rank == 0 else None
@@ -611,19 +658,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         sample_log = None
         if cfg.run.sample_log:
             (output / "samples").mkdir(exist_ok=True)
-            sample_log = files.enter_context(
-                open(output / "samples" / f"rank-{place.rank}.jsonl", mode)
-            )
+            sample_log = files.enter_context(open(sample_path, mode))
         trainer = Trainer(cfg, parts, dataset, loader, place, metrics, sample_log)
         if cfg.run.tensorboard and place.rank == 0:
             trainer.board = tensorboard_writer(output)
             files.callback(trainer.board.close)
         if previous:
-            trainer.state = restore_state(parts, previous, cfg, place.world)
+            trainer.state = restore_state(parts, previous, cfg, place.world, total)
             trainer.checkpoint = previous
         trainer.fit()
     if place.world > 1:
         dist.barrier()  # rank 0's final checkpoint is on disk before any rank reports done
+    if place.owns_group:
+        dist.destroy_process_group()
     last = trainer.last_loss.item() if trainer.last_loss is not None else None
     summary = {
         "steps": trainer.state.step,
