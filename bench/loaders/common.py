@@ -56,6 +56,9 @@ def parse_args(name: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--demand", type=float, default=None, help="then consume at this share of the top rate"
     )
+    parser.add_argument(
+        "--demand-warmup", type=int, default=0, help="batches at that pace before measuring"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--remote", default=None, help="s3://bucket/prefix (cold-cache mode)")
     parser.add_argument("--endpoint", default=None, help="S3 endpoint, e.g. http://127.0.0.1:8333")
@@ -196,6 +199,9 @@ def measure(args, make_loader, set_epoch=None, convert_s=None, packages=()) -> d
     if args.demand:  # same loader, right after: a simulated step at `demand` x the top rate
         top = args.batches * args.batch_size / total
         step = args.batch_size / (args.demand * top)
+        for _ in range(args.demand_warmup):  # let the queue refill at the new pace first
+            batch = next_batch()
+            time.sleep(step)
         demand_from, wait = time.perf_counter(), 0.0
         for _ in range(args.batches):
             t = time.perf_counter()
@@ -205,6 +211,7 @@ def measure(args, make_loader, set_epoch=None, convert_s=None, packages=()) -> d
         demand_total = time.perf_counter() - demand_from
         demand = {
             "demand": args.demand,
+            "warmup_batches": args.demand_warmup,
             "step_ms": round(step * 1000, 1),
             "wait_frac": round(wait / demand_total, 4),
             "samples_per_s": round(args.batches * args.batch_size / demand_total, 1),
