@@ -30,6 +30,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4000)
     parser.add_argument("--out", default="/tmp/mmcurate-loaders")
     parser.add_argument("--shard-samples", type=int, default=1000)
+    parser.add_argument(
+        "--copies", type=int, default=1, help="also write OUT/shards<N>x: each shard N times"
+    )
     args = parser.parse_args()
 
     import ray
@@ -56,6 +59,8 @@ def main() -> None:
     manifest = run_build(cfg, progress=False)
     ray.shutdown()
     shutil.rmtree(root / "images", ignore_errors=True)
+    if args.copies > 1:
+        list_copies(root / "shards", root / f"shards{args.copies}x", args.copies)
     tars = sorted(p.name for p in (root / "shards").glob("*.tar"))
     print(
         json.dumps(
@@ -72,6 +77,21 @@ def main() -> None:
             }
         )
     )
+
+
+def list_copies(shards: Path, out: Path, copies: int) -> None:
+    """A larger set made of copies of every shard (and a manifest listing them), so that a
+    long measurement stays inside one epoch without building more photos."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    listed = []
+    for copy in range(copies):
+        for shard in manifest["shards"]:
+            name = f"c{copy}-{shard['name']}"
+            shutil.copyfile(shards / shard["name"], out / name)
+            listed.append(shard | {"name": name})
+    manifest |= {"shards": listed, "samples": sum(s["samples"] for s in listed)}
+    (out / "manifest.json").write_text(json.dumps(manifest))
 
 
 if __name__ == "__main__":
