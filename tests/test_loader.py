@@ -24,8 +24,10 @@ from trainer.manifest import read_manifest
 from trainer.models import build_model
 from trainer.plan import (
     Layout,
+    Source,
     batches_per_rank,
     consumed_per_worker,
+    epoch_pieces,
     worker_batches,
     worker_plan,
 )
@@ -35,7 +37,7 @@ UNEVEN = (1, 7, 1000, 16)  # 1,024 samples: 32 batches of 16 on each of 2 ranks,
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "white", "black"]
 
 
-def write_uneven_shards(folder: Path, sizes: tuple[int, ...] = UNEVEN) -> Path:
+def write_uneven_shards(folder: Path, sizes: tuple[int, ...] = UNEVEN, prefix: str = "k") -> Path:
     """Shards of the given sizes; sample i is a 72 px JPEG of one colour with its caption."""
     rng = random.Random(0)
     entries, index = [], 0
@@ -49,7 +51,7 @@ def write_uneven_shards(folder: Path, sizes: tuple[int, ...] = UNEVEN) -> Path:
                 Image.new("RGB", (72, 72), rgb).save(buf, "JPEG", quality=80)
                 for ext, payload in (("jpg", buf.getvalue()), ("txt", f"a {colour} square")):
                     data = payload if isinstance(payload, bytes) else payload.encode()
-                    info = tarfile.TarInfo(f"k{index:06d}.{ext}")
+                    info = tarfile.TarInfo(f"{prefix}{index:06d}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
                 index += 1
@@ -82,11 +84,15 @@ def round_robin(per_worker: list[list[list[int]]]) -> list[list[int]]:
     return out
 
 
+def pieces_of(sizes, seed: int = 7, epoch: int = 0):
+    return epoch_pieces([Source(tuple(range(len(sizes))), tuple(sizes))], seed, epoch)
+
+
 def rank_batches(sizes, rank, world, workers, batch, buffer, consumed=0) -> list[list[int]]:
     per_worker = []
     for w in range(workers):  # a resumed DataLoader's worker w plays worker w + consumed
         layout = Layout(rank, world, (w + consumed) % workers, workers)
-        plan = worker_plan(sizes, 7, 0, layout, batch, buffer, consumed)
+        plan = worker_plan(pieces_of(sizes), 7, 0, layout, batch, buffer, consumed)
         emitted = plan.emit
         per_worker.append([emitted[i : i + batch] for i in range(0, len(emitted), batch)])
     return round_robin(per_worker)
@@ -122,11 +128,11 @@ def test_resume_after_any_step_continues_the_exact_sequence():
 
 def test_shuffle_buffer_mixes_within_a_worker_and_changes_per_epoch():
     layout = Layout(0, 1, 0, 1)
-    no_shuffle = worker_plan(UNEVEN, 0, 0, layout, 8, 0).emit
-    shuffled = worker_plan(UNEVEN, 0, 0, layout, 8, 100).emit
+    no_shuffle = worker_plan(pieces_of(UNEVEN, 0), 0, 0, layout, 8, 0).emit
+    shuffled = worker_plan(pieces_of(UNEVEN, 0), 0, 0, layout, 8, 100).emit
     assert no_shuffle == sorted(no_shuffle) and shuffled != no_shuffle
     assert sorted(shuffled) == no_shuffle
-    assert worker_plan(UNEVEN, 0, 1, layout, 8, 100).emit != shuffled
+    assert worker_plan(pieces_of(UNEVEN, 0, 1), 0, 1, layout, 8, 100).emit != shuffled
 
 
 def test_accumulation_rounds_rank_batches_to_whole_steps():
@@ -374,3 +380,45 @@ def test_a_short_shard_and_an_undecodable_jpeg_are_replaced(tmp_path, tiny_trans
     bad = torch.frombuffer(bytearray(truncated), dtype=torch.uint8)
     images = transform.decode_on([good, bad, good], torch.device("cpu"))
     assert images.shape == (3, 3, 64, 64)
+
+
+def test_mixing_weights_set_each_source_share_of_an_epoch():
+    """Weight 0.5 takes a different half of a source each epoch (one shard cut), weight 2
+    every sample twice; the sources' pieces are shuffled together."""
+    small = Source((0, 1, 2), (10, 10, 10), weight=2.0)
+    big = Source((3, 4, 5, 6), (25, 25, 25, 25), weight=0.5)
+    epochs = [epoch_pieces([small, big], seed=1, epoch=e) for e in range(3)]
+    for pieces in epochs:
+        per_shard = {}
+        for piece in pieces:
+            per_shard[piece.shard] = per_shard.get(piece.shard, 0) + piece.size
+        assert sum(per_shard.get(s, 0) for s in (0, 1, 2)) == 60  # 2 x 30
+        assert {per_shard[s] for s in (0, 1, 2)} == {20}
+        assert sum(per_shard.get(s, 0) for s in (3, 4, 5, 6)) == 50  # 0.5 x 100
+    halves = [frozenset((p.shard, p.stop) for p in pieces if p.shard >= 3) for pieces in epochs]
+    assert len(set(halves)) > 1  # a different half in different epochs
+    assert [p.shard for p in epochs[0]] != sorted(p.shard for p in epochs[0])  # mixed
+
+
+def test_training_mixes_two_manifests_by_weight(uneven_manifest, tmp_path):
+    from trainer.train import train
+
+    (tmp_path / "other").mkdir()
+    other = write_uneven_shards(tmp_path / "other", sizes=(64,), prefix="m")
+    tree = {
+        "data": {
+            "manifest": str(uneven_manifest),
+            "weight": 0.25,
+            "mix": [{"manifest": str(other), "weight": 2}],
+            "batch_size": 16,
+            "workers": 1,
+        },
+        "run": {"output": str(tmp_path / "run"), "epochs": 1, "sample_log": True},
+    }
+    summary = train(TrainConfig.model_validate(tree))
+    assert summary["samples"] == 256 + 128 and summary["steps"] == 24  # 0.25 x 1024 + 2 x 64
+    log = (tmp_path / "run" / "samples" / "rank-0.jsonl").read_text().splitlines()
+    keys = [k for row in map(json.loads, log) for k in row["keys"]]
+    mixed = [k for k in keys if k.startswith("m")]
+    assert len(mixed) == 128 and all(mixed.count(k) == 2 for k in set(mixed))  # each twice
+    assert len({k for k in keys if k.startswith("k")}) == 256  # a quarter, each once

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_train_config(args.config, args.overrides)
         # Why here: fail fast on storage before importing torch and building the model.
-        read_manifest(cfg.data.manifest, cfg.storage_options)
+        for url in [cfg.data.manifest, *(entry.manifest for entry in cfg.data.mix)]:
+            read_manifest(url, cfg.storage_options)
         if cfg.launch.mode == "ray":
             from trainer.launch import launch_ray
 

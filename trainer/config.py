@@ -42,8 +42,15 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class MixEntry(_Section):
+    manifest: str  # another build's manifest.json
+    weight: float = Field(1.0, gt=0)  # samples per epoch = weight x its samples
+
+
 class DataConfig(_Section):
     manifest: str  # a build's manifest.json: local path or any fsspec URL (s3://...)
+    weight: float = Field(1.0, gt=0)  # its samples per epoch = weight x its samples
+    mix: list[MixEntry] = []  # further manifests trained on together with this one
     cache_dir: str | None = None  # local (NVMe) shard cache folder, shared on the node
     cache_limit: str | None = None  # cache size cap such as "10GB" (default 100GB)
     batch_size: int = Field(32, gt=0)  # per rank and per micro-batch

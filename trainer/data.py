@@ -31,7 +31,15 @@ from pipeline.tario import EXT_ALIASES, split_member_name
 from stages.base import FRAME_COLUMN, IMAGE_COLUMNS
 from trainer.cache import ShardCache, ShardCorrupt
 from trainer.manifest import Manifest
-from trainer.plan import Layout, Segment, WorkerPlan, batches_per_rank, worker_plan
+from trainer.plan import (
+    Layout,
+    Segment,
+    Source,
+    WorkerPlan,
+    batches_per_rank,
+    epoch_pieces,
+    worker_plan,
+)
 
 log = logging.getLogger(__name__)
 RGB = ImageReadMode.RGB
@@ -196,7 +204,7 @@ class ShardDataset(IterableDataset):
 
     def __init__(
         self,
-        manifest: Manifest,
+        manifest: Manifest | Sequence[tuple[Manifest, float]],
         transform: ImageTransform,
         tokenizer: Callable[..., torch.Tensor],
         batch_size: int,
@@ -210,8 +218,15 @@ class ShardDataset(IterableDataset):
         storage_options: dict[str, Any] | None = None,
         cache: tuple[str, int] | None = None,
     ) -> None:
-        self.shards = list(manifest.shards)
-        self.sizes = [shard.samples for shard in self.shards]
+        # One manifest, or several with weights (samples per epoch = weight x samples).
+        mix = [(manifest, 1.0)] if isinstance(manifest, Manifest) else list(manifest)
+        self.shards, self.sources = [], []
+        for source, weight in mix:
+            first = len(self.shards)
+            self.shards += source.shards
+            sizes = tuple(shard.samples for shard in source.shards)
+            self.sources.append(Source(tuple(range(first, len(self.shards))), sizes, weight))
+        self.epoch_samples = sum(source.quota for source in self.sources)
         self.transform, self.tokenizer = transform, tokenizer
         self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
         self.rank, self.world, self.step_batches = rank, world, step_batches
@@ -237,11 +252,11 @@ class ShardDataset(IterableDataset):
 
     def batches_per_epoch(self) -> int:
         """Batches this rank yields in a full epoch (the same on every rank)."""
-        return batches_per_rank(sum(self.sizes), self.world, self.batch_size, self.step_batches)
+        return batches_per_rank(self.epoch_samples, self.world, self.batch_size, self.step_batches)
 
     def plan(self, layout: Layout, consumed: int) -> WorkerPlan:
         return worker_plan(
-            self.sizes,
+            epoch_pieces(self.sources, self.seed, self.epoch),
             self.seed,
             self.epoch,
             layout,

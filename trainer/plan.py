@@ -4,7 +4,9 @@ Everything here is a pure function of the manifest's shard sizes, the seed, the 
 layout (world size, workers, batch size), so every process computes the same plan without
 talking to the others, and a checkpoint only needs (epoch, batches consumed) to resume exactly.
 
-- Shards are permuted per epoch; their samples, concatenated, get positions 0..N-1.
+- An epoch is a list of pieces (runs of shard samples) from one manifest or several mixed by
+  weight, shuffled per epoch (`epoch_pieces`); their samples, concatenated, get positions
+  0..N-1.
 - Every rank gets the same number of full batches, `N // (world * batch)`, as one contiguous
   span of positions (the few left over are dropped this epoch; the permutation changes which).
   Equal batches per rank is what keeps DDP from hanging on uneven shards.
@@ -43,11 +45,54 @@ class Segment:
     position: int
 
 
-def shard_permutation(num_shards: int, seed: int, epoch: int) -> list[int]:
-    """The shard order for one epoch: a shuffle that depends only on (seed, epoch)."""
-    order = list(range(num_shards))
-    random.Random(f"{seed}:{epoch}").shuffle(order)
-    return order
+@dataclass(frozen=True)
+class Piece:
+    """Samples [start, stop) of one shard: what an epoch is made of."""
+
+    shard: int
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Source:
+    """One manifest's shards (their indices among all shards and sizes) and its weight:
+    each epoch takes round(weight x its samples) samples from it."""
+
+    shards: tuple[int, ...]
+    sizes: tuple[int, ...]
+    weight: float = 1.0
+
+    @property
+    def quota(self) -> int:
+        return round(self.weight * sum(self.sizes))
+
+
+def epoch_pieces(sources: Sequence[Source], seed: int, epoch: int) -> list[Piece]:
+    """The epoch's pieces in order, a function of (seed, epoch) only. Each source gives its
+    whole shards as often as its quota holds them, then a seeded pick of further shards (the
+    last one cut) for the rest, so weight 0.5 reads a different half each epoch and weight 2
+    each sample twice. All pieces are then shuffled together, mixing the sources."""
+    pieces: list[Piece] = []
+    for number, source in enumerate(sources):
+        left, passes = source.quota, 0
+        total = sum(source.sizes)
+        while total and left >= total:  # whole passes
+            pieces += [Piece(i, 0, n) for i, n in zip(source.shards, source.sizes, strict=True)]
+            left, passes = left - total, passes + 1
+        order = list(zip(source.shards, source.sizes, strict=True))
+        random.Random(f"{seed}:{epoch}:{number}:{passes}").shuffle(order)
+        for shard, size in order:
+            if left <= 0:
+                break
+            pieces.append(Piece(shard, 0, min(size, left)))
+            left -= min(size, left)
+    random.Random(f"{seed}:{epoch}").shuffle(pieces)
+    return pieces
 
 
 def batches_per_rank(total_samples: int, world: int, batch_size: int, multiple: int = 1) -> int:
@@ -88,19 +133,17 @@ def worker_span(
     return first, counts[layout.worker], before
 
 
-def segments(
-    shard_sizes: Sequence[int], order: Sequence[int], first: int, count: int, skip_below: int = 0
-) -> list[Segment]:
+def segments(pieces: Sequence[Piece], first: int, count: int, skip_below: int = 0) -> list[Segment]:
     """The shard runs that hold epoch positions [first, first + count), in order, leaving
     out positions below `skip_below` (already consumed before a resume: never read again)."""
     out, position = [], 0
     end = first + count
-    for shard in order:
-        size = shard_sizes[shard]
-        lo, hi = max(first, skip_below, position), min(end, position + size)
+    for piece in pieces:
+        lo, hi = max(first, skip_below, position), min(end, position + piece.size)
         if lo < hi:
-            out.append(Segment(shard, lo - position, hi - position, lo))
-        position += size
+            start = piece.start + lo - position
+            out.append(Segment(piece.shard, start, start + hi - lo, lo))
+        position += piece.size
         if position >= end:
             break
     return out
@@ -136,7 +179,7 @@ class WorkerPlan:
 
 
 def worker_plan(
-    shard_sizes: Sequence[int],
+    pieces: Sequence[Piece],
     seed: int,
     epoch: int,
     layout: Layout,
@@ -146,12 +189,11 @@ def worker_plan(
     multiple: int = 1,
 ) -> WorkerPlan:
     """The plan of one worker, resuming after the rank consumed `consumed_batches` batches."""
-    total = sum(shard_sizes)
+    total = sum(piece.size for piece in pieces)
     first, count, _ = worker_span(total, layout, batch_size, multiple)
     rank_batches = batches_per_rank(total, layout.world, batch_size, multiple)
     done = consumed_per_worker(worker_batches(rank_batches, layout.workers), consumed_batches)
     skip = done[layout.worker]
-    order = shard_permutation(len(shard_sizes), seed, epoch)
     emit = shuffled(
         first,
         count * batch_size,
@@ -159,5 +201,5 @@ def worker_plan(
         f"{seed}:{epoch}:{layout.rank}:{layout.worker}",
     )[skip * batch_size :]
     lowest = min(emit) if emit else first + count * batch_size
-    needed = segments(shard_sizes, order, first, count * batch_size, skip_below=lowest)
+    needed = segments(pieces, first, count * batch_size, skip_below=lowest)
     return WorkerPlan(segments=needed, emit=emit, batches=count - skip)

@@ -439,9 +439,9 @@ class Trainer:
     def fit(self) -> None:
         if self.epoch_batches == 0:
             raise ConfigError(
-                f"data.batch_size: {len(self.dataset.sizes)} shards hold no full step of "
-                f"{self.cfg.data.batch_size} x accum_freq {self.cfg.optim.accum_freq} samples "
-                f"for each of {self.place.world} ranks"
+                f"data.batch_size: an epoch of {self.dataset.epoch_samples} samples holds no "
+                f"full step of {self.cfg.data.batch_size} x accum_freq "
+                f"{self.cfg.optim.accum_freq} samples for each of {self.place.world} ranks"
             )
         self.bar.update(self.state.step)  # a resumed run starts where it stopped
         self.dataset.resume_at(self.state.epoch, self.state.batches_in_epoch)
@@ -502,7 +502,7 @@ class Trainer:
 
     def save(self) -> None:
         if self.place.rank == 0:
-            samples = sum(self.dataset.sizes)
+            samples = self.dataset.epoch_samples
             self.checkpoint = save_state(
                 self.parts, self.state, self.cfg, self.place.world, samples
             )
@@ -567,14 +567,25 @@ def build_parts(cfg: TrainConfig, place: Dist, total_steps: int) -> tuple[Parts,
 DEFAULT_CACHE_LIMIT = 100 * 10**9  # when cache_dir is set without cache_limit
 
 
+def read_sources(cfg: TrainConfig) -> list[tuple[Manifest, float]]:
+    """`data.manifest` with `data.weight`, then every `data.mix` entry."""
+    entries = [(cfg.data.manifest, cfg.data.weight)]
+    entries += [(entry.manifest, entry.weight) for entry in cfg.data.mix]
+    return [(read_manifest(url, cfg.storage_options), weight) for url, weight in entries]
+
+
 def make_dataset(
-    cfg: TrainConfig, manifest: Manifest, place: Dist, preprocess: Any, tokenizer: Any
+    cfg: TrainConfig,
+    sources: list[tuple[Manifest, float]],
+    place: Dist,
+    preprocess: Any,
+    tokenizer: Any,
 ) -> ShardDataset:
     cache = None
     if cfg.data.cache_dir:
         cache = (cfg.data.cache_dir, cfg.data.cache_limit_bytes or DEFAULT_CACHE_LIMIT)
     return ShardDataset(
-        manifest,
+        sources,
         ImageTransform(preprocess),
         tokenizer,
         batch_size=cfg.data.batch_size,
@@ -636,14 +647,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.data.seed)  # the same initial weights on every rank
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
-    manifest = read_manifest(cfg.data.manifest, cfg.storage_options)
-    total = sum(shard.samples for shard in manifest.shards)
+    sources = read_sources(cfg)
+    total = sum(round(weight * sum(s.samples for s in m.shards)) for m, weight in sources)
     batches = batches_per_rank(total, place.world, cfg.data.batch_size, cfg.optim.accum_freq)
     parts, (preprocess, tokenizer) = build_parts(
         cfg, place, planned_steps(cfg, batches // cfg.optim.accum_freq)
     )
     torch.manual_seed(cfg.data.seed + place.rank)  # each rank its own augmentations
-    dataset = make_dataset(cfg, manifest, place, preprocess, tokenizer)
+    dataset = make_dataset(cfg, sources, place, preprocess, tokenizer)
     loader = make_loader(dataset, cfg.data.workers, pin_memory=place.device.type == "cuda")
     previous = previous_checkpoint(cfg, output, place)
     mode = "a" if previous else "w"
