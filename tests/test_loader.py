@@ -192,6 +192,16 @@ def run_torchrun(config: Path, world: int, *overrides: str) -> subprocess.Comple
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
 
 
+def printed_summaries(stdout: str) -> list[dict]:
+    """Every rank prints its JSON summary; two ranks' lines may end up on one line."""
+    decoder, found, at = json.JSONDecoder(), [], stdout.find("{")
+    while at != -1:
+        summary, end = decoder.raw_decode(stdout, at)
+        found.append(summary)
+        at = stdout.find("{", end)
+    return found
+
+
 def logged_steps(output: Path) -> dict[int, list[dict]]:
     return {
         int(path.stem.split("-")[1]): [json.loads(line) for line in path.read_text().splitlines()]
@@ -221,8 +231,8 @@ def test_torchrun_stop_and_resume_sees_one_epoch_exactly(uneven_manifest, tmp_pa
         assert [r["step"] for r in rows] == list(range(1, steps_per_rank + 1))  # equal steps
         keys += [key for r in rows for key in r["keys"]]
     assert len(keys) == 1024 and len(set(keys)) == 1024  # no repeats, no losses
-    summaries = [json.loads(line) for line in second.stdout.splitlines() if line.startswith("{")]
-    assert {s["steps"] for s in summaries} == {steps_per_rank}
+    summaries = printed_summaries(second.stdout)
+    assert len(summaries) == world and {s["steps"] for s in summaries} == {steps_per_rank}
     assert {s["world"] for s in summaries} == {world}
 
 
@@ -351,8 +361,9 @@ def test_torchrun_accumulation_and_siglip_on_two_ranks(uneven_manifest, tmp_path
     config.write_text(yaml.safe_dump(tree))
     result = run_torchrun(config, 2)
     assert result.returncode == 0, result.stderr[-3000:]
-    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert {s["steps"] for s in summaries} == {3} and {s["world"] for s in summaries} == {2}
+    summaries = printed_summaries(result.stdout)
+    assert len(summaries) == 2 and {s["steps"] for s in summaries} == {3}
+    assert {s["world"] for s in summaries} == {2}
     assert {s["samples"] for s in summaries} == {3 * 2 * 16 * 2}
 
 

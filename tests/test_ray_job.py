@@ -107,7 +107,8 @@ def submit(url, env, *args, attempts=30):
 
 @pytest.mark.slow
 def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp_path):
-    """With the session Ray of the other tests running too, as in CI."""
+    """A build, then training on its shards with Ray Train, as jobs; with the session Ray of
+    the other tests running too, as in CI."""
     url, env = ray_head
     images = image_folder(n=30, exact_copies=2, broken=1)
     out = tmp_path / "job-out"
@@ -132,6 +133,21 @@ def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp
     assert (
         manifest["samples"] == stats["samples_out"] == 30 - sum(dropped["caption_filter"].values())
     )
+
+    # The same cluster trains on those shards: two Ray Train ranks (launch.mode: ray).
+    run = tmp_path / "train-run"
+    trained = submit(
+        url,
+        env,
+        *("python", "-m", "trainer", "configs/train_clip.yaml"),
+        *(f"--set=data.manifest={out / 'manifest.json'}", f"--set=run.output={run}"),
+        *("--set=data.batch_size=4", "--set=data.workers=0", "--set=run.max_steps=3"),
+        *("--set=launch.mode=ray", "--set=launch.workers=2"),
+    )
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world"] == 2 and summary["steps"] == 3 and summary["samples"] == 3 * 2 * 4
+    assert (run / "checkpoints" / "step-3.pt").is_file()
 
     wrong_token = {**env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     refused = submit(url, wrong_token, "python", "-c", "print('should not run')")
