@@ -29,21 +29,27 @@ def split_member_name(name: str) -> tuple[str, str]:
     return key, ext.lower() if dot else ""
 
 
-def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[dict[str, Any]]:
-    """Stream samples from a tar: dicts of `__key__` plus raw bytes per extension."""
-    current: dict[str, Any] | None = None
+def iter_tar_samples(
+    fileobj: IO[bytes], start: int = 0, stop: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """Stream samples [start, stop) from a tar: dicts of `__key__` plus raw bytes per
+    extension. Earlier samples are skipped without reading their data; reading ends at `stop`."""
+    index, key, current = -1, None, None
     with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
         for member in tar:
             if not member.isfile():
                 continue
-            key, ext = split_member_name(member.name)
-            data = tar.extractfile(member).read()
-            if current is not None and current["__key__"] != key:
-                yield current
-                current = None
-            if current is None:
-                current = {"__key__": key}
-            current[EXT_ALIASES.get(ext, ext)] = data
+            name, ext = split_member_name(member.name)
+            if name != key:
+                if current is not None:
+                    yield current
+                index, key, current = index + 1, name, None
+                if stop is not None and index >= stop:
+                    return
+                if index >= start:
+                    current = {"__key__": name}
+            if current is not None:
+                current[EXT_ALIASES.get(ext, ext)] = tar.extractfile(member).read()
     if current is not None:
         yield current
 

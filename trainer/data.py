@@ -27,7 +27,7 @@ from torchvision.transforms import Compose, Normalize, RandomResizedCrop, ToTens
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2.functional import resized_crop
 
-from pipeline.tario import EXT_ALIASES, split_member_name
+from pipeline.tario import iter_tar_samples
 from stages.base import FRAME_COLUMN, IMAGE_COLUMNS
 from trainer.cache import ShardCache, ShardCorrupt
 from trainer.manifest import Manifest
@@ -155,29 +155,6 @@ def decode_rgb(data: bytes) -> torch.Tensor:
     return pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
 
 
-def read_segment(fileobj: Any, start: int, stop: int) -> Iterator[dict[str, Any]]:
-    """Samples [start, stop) of a tar stream; earlier samples are skipped without reading
-    their data, and reading stops after `stop`."""
-    index, key, current = -1, None, None
-    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            name, ext = split_member_name(member.name)
-            if name != key:
-                if current is not None:
-                    yield current
-                index, key, current = index + 1, name, None
-                if index >= stop:
-                    return
-                if index >= start:
-                    current = {"__key__": name}
-            if current is not None:
-                current[EXT_ALIASES.get(ext, ext)] = tar.extractfile(member).read()
-    if current is not None:
-        yield current
-
-
 def frame_columns(sample: dict[str, Any]) -> list[str]:
     """A video sample's sampled frames (`000.jpg`, `001.jpg`, ...) in order."""
     return sorted(c for c in sample if FRAME_COLUMN.match(c))
@@ -302,10 +279,8 @@ class ShardDataset(IterableDataset):
         wanted, pending = set(plan.emit), {}
         for position in plan.emit:
             while position not in pending:
-                found = next(reader, None)
-                if found is None:  # cannot happen: every planned position is yielded
-                    pending[position] = None
-                elif found[0] in wanted:
+                found = next(reader)  # every planned position comes, None when unreadable
+                if found[0] in wanted:
                     pending[found[0]] = found[1]
             yield position, pending.pop(position)
 
@@ -319,7 +294,7 @@ class ShardDataset(IterableDataset):
             delivered = 0
             try:
                 with self.open_shard(run.shard) as f:
-                    for sample in read_segment(f, run.start, run.stop):
+                    for sample in iter_tar_samples(f, run.start, run.stop):
                         yield run.position + delivered, sample
                         delivered += 1
             # Why broad: storage backends raise their own errors; the cache already retried.
