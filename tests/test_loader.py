@@ -19,7 +19,7 @@ import yaml
 from PIL import Image, ImageColor
 
 from trainer.config import TrainConfig
-from trainer.data import ImageTransform, ShardDataset, make_loader
+from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
 from trainer.manifest import read_manifest
 from trainer.models import build_model
 from trainer.plan import (
@@ -163,6 +163,53 @@ def test_real_workers_resume_mid_epoch_exactly(uneven_manifest, tiny_transform):
     full = loader_keys(uneven_manifest, *tiny_transform)
     assert len(full) == 64 and len({k for b in full for k in b}) == 1024
     assert loader_keys(uneven_manifest, *tiny_transform, resume=23) == full[23:]
+
+
+@pytest.mark.parametrize("finish_in_workers", [False, True])
+def test_ring_slots_carry_the_same_batches_and_stay_valid_while_held(
+    uneven_manifest, tiny_transform, finish_in_workers
+):
+    """Batches through the reused shared-memory slots equal those passed the ordinary way
+    (uint8 and float), and a batch is still intact after `hold - 1` more are drawn."""
+    manifest = read_manifest(str(uneven_manifest))
+
+    def batches(hold: int | None) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+        dataset = ShardDataset(
+            manifest,
+            *tiny_transform,
+            batch_size=16,
+            seed=1,
+            decode_threads=1,  # the same crop for the same sample in both runs
+            finish_in_workers=finish_in_workers,
+        )
+        torch.manual_seed(0)  # the workers' seeds, so both runs draw the same crops
+        out, previous = [], None
+        for batch in make_loader(dataset, workers=2, hold=hold):
+            if previous is not None and hold:  # drawn one batch ago: still its own data
+                assert torch.equal(previous[0], out[-1][0]), "a held slot was overwritten"
+            previous = batch
+            out.append((batch.images.clone(), batch.tokens.clone(), batch.keys))
+        return out
+
+    plain, ringed = batches(None), batches(2)
+    assert len(plain) == len(ringed) == 64
+    for (images, tokens, keys), (r_images, r_tokens, r_keys) in zip(plain, ringed, strict=True):
+        assert keys == r_keys and torch.equal(images, r_images) and torch.equal(tokens, r_tokens)
+    assert plain[0][0].dtype == (torch.float32 if finish_in_workers else torch.uint8)
+
+
+def test_a_ring_slot_the_training_process_holds_is_not_reused(tiny_transform):
+    from trainer.ring import Ring, SlotLoader
+
+    first = Batch(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, 77), ["a"] * 4)
+    ring = Ring(2, first)
+    assert ring.store(ring.free_slot(), first).ring is ring  # the tensors go once
+    assert ring.store(ring.free_slot(), first).ring is None
+    assert ring.free_slot() is None  # both slots held: the worker sends the next one plainly
+    SlotLoader.release(ring)
+    assert ring.free_slot() == 0
+    bigger = Batch(torch.zeros(5, 3, 8, 8, dtype=torch.uint8), torch.zeros(5, 77), ["b"] * 5)
+    assert ring.store(0, bigger) is None  # a batch of another shape goes the ordinary way
 
 
 def test_transform_split_matches_open_clip_preprocess(tiny_transform):
@@ -330,23 +377,27 @@ def test_device_decode_gives_the_same_batches(uneven_manifest, tiny_transform):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_epoch_stream_runs_epochs_back_to_back_in_order(uneven_manifest, tiny_transform, workers):
-    """The next epoch's workers start before the current epoch ends; the batches are still
-    exactly epoch 0's then epoch 1's, also when resumed one batch before an epoch's end."""
-    from trainer.train import epoch_stream
-
+def test_one_iteration_runs_epochs_back_to_back_in_order(uneven_manifest, tiny_transform, workers):
+    """The workers go on to the next epoch themselves: one iteration over three epochs (and
+    one resumed a batch before an epoch's end) yields exactly the epochs' batches in order,
+    through the reused shared-memory slots."""
     manifest = read_manifest(str(uneven_manifest))
     dataset = ShardDataset(manifest, *tiny_transform, batch_size=64, seed=2)
-    loader = make_loader(dataset, workers)
+    loader = make_loader(dataset, workers, hold=1)
     expected = []
-    for epoch in (0, 1, 2):
+    for epoch in (0, 1, 2, 3):
         dataset.set_epoch(epoch)
         expected.append([b.keys for b in loader])
-    stream = epoch_stream(loader, dataset, 0, 16, 16, last_epoch=2)
-    assert [b.keys for b in stream] == expected[0] + expected[1] + expected[2]
+    dataset.set_epoch(0, epochs=3)
+    assert [b.keys for b in loader] == expected[0] + expected[1] + expected[2]
+    dataset.set_epoch(0, epochs=2)
     dataset.resume_at(0, 15)
-    stream = epoch_stream(loader, dataset, 0, 1, 16, last_epoch=1)
-    assert [b.keys for b in stream] == expected[0][15:] + expected[1]
+    assert [b.keys for b in loader] == expected[0][15:] + expected[1]
+    dataset.set_epoch(1, epochs=None)  # endless, as the trainer runs with run.max_steps
+    endless = iter(loader)
+    taken = [next(endless).keys for _ in range(40)]
+    endless.close()
+    assert taken == expected[1] + expected[2] + expected[3][:8]
 
 
 def test_torchrun_accumulation_and_siglip_on_two_ranks(uneven_manifest, tmp_path):

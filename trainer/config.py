@@ -55,6 +55,9 @@ class DataConfig(_Section):
     cache_limit: str | None = None  # cache size cap such as "10GB" (default 100GB)
     batch_size: int = Field(32, gt=0)  # per rank and per micro-batch
     workers: int = Field(2, ge=0)  # DataLoader worker processes per rank
+    # Threads each worker decodes its batch's images with: a worker whose turn it is can
+    # then use a core another worker leaves idle (batches come from workers in turn).
+    decode_threads: int = Field(2, gt=0)
     seed: int = 0
     shuffle_buffer: int = Field(1000, ge=0)  # samples each worker shuffles among (0: off)
     gpu_decode: bool = False  # decode JPEGs (nvJPEG) and crop on the training device

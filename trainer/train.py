@@ -209,36 +209,6 @@ class DevicePrefetcher:
             return self.to_device(batch)
 
 
-def epoch_stream(
-    loader: Any,
-    dataset: ShardDataset,
-    epoch: int,
-    remaining: int,
-    per_epoch: int,
-    last_epoch: int | None = None,
-) -> Iterator[Batch]:
-    """Batches of epoch after epoch without a gap: the next epoch's workers start (forked
-    with the dataset set to that epoch) while the current epoch's last batches are still
-    queued, so the queue does not drain at each epoch boundary."""
-    lookahead = max(loader.num_workers, 1) * (loader.prefetch_factor or 1)
-    dataset.set_epoch(epoch)
-    current = iter(loader)
-    while True:
-        upcoming = None
-        for left in range(remaining, 0, -1):
-            if left == lookahead and epoch != last_epoch:
-                dataset.set_epoch(epoch + 1)
-                upcoming = iter(loader)
-            yield next(current)
-        next(current, None)  # lets the finished iterator shut its workers down
-        if epoch == last_epoch:
-            return
-        if upcoming is None:
-            dataset.set_epoch(epoch + 1)
-            upcoming = iter(loader)
-        epoch, current, remaining = epoch + 1, upcoming, per_epoch
-
-
 def timed(batches: Iterator[Batch], meter: Meter) -> Iterator[Batch]:
     """Yield batches, adding the time spent waiting for each to `meter.wait_s`."""
     it = iter(batches)
@@ -444,21 +414,16 @@ class Trainer:
                 f"{self.cfg.optim.accum_freq} samples for each of {self.place.world} ranks"
             )
         self.bar.update(self.state.step)  # a resumed run starts where it stopped
+        run = self.cfg.run
+        left = None if run.max_steps is not None else run.epochs - self.state.epoch
+        self.dataset.set_epoch(self.state.epoch, left)
         self.dataset.resume_at(self.state.epoch, self.state.batches_in_epoch)
-        last_epoch = None if self.cfg.run.max_steps is not None else self.cfg.run.epochs - 1
-        stream = epoch_stream(
-            self.loader,
-            self.dataset,
-            self.state.epoch,
-            self.epoch_batches - self.state.batches_in_epoch,
-            self.epoch_batches,
-            last_epoch,
-        )
-        try:
-            if not finished(self.cfg, self.state):
-                self.run(DevicePrefetcher(stream, self.place.device, self.dataset.transform))
-        finally:
-            stream.close()  # stops the loader workers before the final checkpoint
+        if not finished(self.cfg, self.state):
+            batches = iter(self.loader)  # one set of workers for the whole run
+            try:
+                self.run(DevicePrefetcher(batches, self.place.device, self.dataset.transform))
+            finally:
+                batches.close()  # stops the loader workers before the final checkpoint
         self.finish()
         self.bar.close()
 
@@ -595,6 +560,7 @@ def make_dataset(
         world=place.world,
         step_batches=cfg.optim.accum_freq,
         device_decode=cfg.data.gpu_decode,
+        decode_threads=cfg.data.decode_threads,
         finish_in_workers=place.device.type != "cuda",
         storage_options=cfg.storage_options,
         cache=cache,
@@ -655,7 +621,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     )
     torch.manual_seed(cfg.data.seed + place.rank)  # each rank its own augmentations
     dataset = make_dataset(cfg, sources, place, preprocess, tokenizer)
-    loader = make_loader(dataset, cfg.data.workers, pin_memory=place.device.type == "cuda")
+    # The loop keeps a step's accum_freq batches, and draws the next one before it lets go.
+    hold = cfg.optim.accum_freq + 1
+    loader = make_loader(dataset, cfg.data.workers, place.device.type == "cuda", hold)
     previous = previous_checkpoint(cfg, output, place)
     mode = "a" if previous else "w"
     sample_path = output / "samples" / f"rank-{place.rank}.jsonl"

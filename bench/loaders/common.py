@@ -149,6 +149,9 @@ def check_batch(batch, batch_size: int) -> None:
     assert tuple(tokens.shape) == (batch_size, 77), tuple(tokens.shape)
 
 
+QS = (0.5, 0.9, 0.99)
+
+
 def measure(args, make_loader, set_epoch=None, convert_s=None, packages=()) -> dict:
     """Time `make_loader()` to first batch, then `args.batches` batches after warm-up.
 
@@ -202,18 +205,21 @@ def measure(args, make_loader, set_epoch=None, convert_s=None, packages=()) -> d
         for _ in range(args.demand_warmup):  # let the queue refill at the new pace first
             batch = next_batch()
             time.sleep(step)
-        demand_from, wait = time.perf_counter(), 0.0
+        demand_from, waits = time.perf_counter(), []
         for _ in range(args.batches):
             t = time.perf_counter()
             batch = next_batch()
-            wait += time.perf_counter() - t
+            waits.append(time.perf_counter() - t)
             time.sleep(step)
         demand_total = time.perf_counter() - demand_from
+        waits.sort()
         demand = {
             "demand": args.demand,
             "warmup_batches": args.demand_warmup,
             "step_ms": round(step * 1000, 1),
-            "wait_frac": round(wait / demand_total, 4),
+            "wait_frac": round(sum(waits) / demand_total, 4),
+            # where the wait is: a fixed cost per batch (median) or late batches (the tail)
+            "wait_ms_p50_p90_p99": [round(1000 * waits[int(q * len(waits))], 2) for q in QS],
             "samples_per_s": round(args.batches * args.batch_size / demand_total, 1),
         }
     del batch

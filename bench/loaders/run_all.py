@@ -22,6 +22,13 @@ import common  # noqa: E402
 RUNNERS = {
     "mmcurate": ("run_mmcurate.py", common.HERE.parents[1] / ".venv"),
     "mmcurate-gpu-like": ("run_mmcurate.py", common.HERE.parents[1] / ".venv", "--gpu-like"),
+    "mmcurate-no-ring": ("run_mmcurate.py", common.HERE.parents[1] / ".venv", "--no-ring"),
+    "mmcurate-gpu-like-no-ring": (
+        "run_mmcurate.py",
+        common.HERE.parents[1] / ".venv",
+        "--gpu-like",
+        "--no-ring",
+    ),
     "openclip_wds": ("run_openclip_wds.py", common.OPENCLIP_VENV),
     "webdataset": ("run_wds1.py", common.VENV),
     "streaming": ("run_streaming.py", common.VENV),

@@ -101,14 +101,23 @@ def check_uint8_batch(batch, batch_size: int) -> None:
     assert tuple(tokens.shape) == (batch_size, 77)
 
 
+def flag(name: str) -> bool:
+    if name in sys.argv:
+        sys.argv.remove(name)
+        return True
+    return False
+
+
 def main() -> None:
     # --gpu-like: batches stay uint8, as a GPU trainer receives them (it normalizes on the
     # GPU); for the stall measurement of a simulated GPU step on this CPU-only machine.
-    gpu_like = "--gpu-like" in sys.argv
+    # --no-ring: batches in a fresh shared-memory segment each, as a plain DataLoader passes
+    # them (for the before/after of trainer/ring.py).
+    gpu_like, ring = flag("--gpu-like"), not flag("--no-ring")
     if gpu_like:
-        sys.argv.remove("--gpu-like")
         common.check_batch = check_uint8_batch
-    args = common.parse_args("mmcurate-gpu-like" if gpu_like else "mmcurate")
+    name = "mmcurate-gpu-like" if gpu_like else "mmcurate"
+    args = common.parse_args(name if ring else f"{name}-no-ring")
     import torch
 
     from trainer.data import ImageTransform, ShardDataset, make_loader
@@ -142,15 +151,16 @@ def main() -> None:
             storage_options=storage,
             cache=cache,
         )
-        batches = make_loader(dataset, args.workers)
+        # hold 2: the measuring loop keeps one batch while it draws the next
+        dataset.set_epoch(0, epochs=None)  # epoch after epoch, as the trainer reads them
+        batches = make_loader(dataset, args.workers, hold=2 if ring else None)
+        if gpu_like and ring:  # uint8 views into the rings, as the GPU trainer gets them
+            return batches
         if gpu_like:  # what the pin-memory thread hands a GPU trainer: uint8, off-thread
             return Restartable(lambda: in_background(batches))
         return DevicePrefetcher(batches, torch.device("cpu"), transform)
 
-    def set_epoch(epoch: int) -> None:
-        dataset.set_epoch(epoch)
-
-    common.emit(common.measure(args, loader, set_epoch=set_epoch, packages=("mmcurate",)))
+    common.emit(common.measure(args, loader, packages=("mmcurate",)))
 
 
 if __name__ == "__main__":
