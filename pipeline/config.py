@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,12 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def resolved_here(path: str) -> str:
+    """A local path made absolute (`~` and relative parts) where the config is loaded. Why:
+    Ray workers have their own working folder, and may have their own HOME."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
 class SourceConfig(Strict):
     """Where samples come from."""
 
@@ -29,6 +36,8 @@ class SourceConfig(Strict):
         256, gt=0, description="Input files (or samples) read by one Ray task."
     )
 
+    _resolve = field_validator("path")(resolved_here)
+
 
 class OutputConfig(Strict):
     """Where and how the final shards are written."""
@@ -37,6 +46,8 @@ class OutputConfig(Strict):
     shard_max_samples: int = Field(10_000, gt=0)
     shard_max_bytes: int = Field(1_000_000_000, gt=0)
     overwrite: bool = False
+
+    _resolve = field_validator("path")(resolved_here)
 
 
 class RayConfig(Strict):

@@ -302,6 +302,11 @@ class ShardDataset(IterableDataset):
                 self.counters.substituted,
                 self.counters.samples,
             )
+        if self.counters.unslotted:
+            log.debug(
+                "%d batches went the ordinary way: their ring slot was still held",
+                self.counters.unslotted,
+            )
 
     def emitted(self, plan: WorkerPlan) -> Iterator[tuple[int, dict[str, Any] | None]]:
         """(position, raw sample) in the plan's emission order, holding read-ahead samples
@@ -369,7 +374,10 @@ class ShardDataset(IterableDataset):
         if not good:
             if previous is None:
                 raise RuntimeError(f"epoch {epoch}: a whole batch of samples is unusable")
-            return previous
+            # A copy: `previous` may be a view into a ring slot that is reused later.
+            images = previous.images
+            images = list(images) if isinstance(images, list) else images.clone()
+            return Batch(images, previous.tokens.clone(), previous.keys)
         filled = [item if item is not None else good[i % len(good)] for i, item in enumerate(items)]
         images = [image for image, _ in filled]
         if not any(image.dim() == 1 for image in images):  # nothing left for the device
