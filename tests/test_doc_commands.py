@@ -1,10 +1,11 @@
 """Every shell command in README.md and docs/*.md, run exactly as written (issue 9).
 
-Each documented command is either in RUN, which this test runs in that order from the
-repository root, or in ELSEWHERE with the reason it cannot run here. A command added to the
-docs, or changed, fails `test_every_documented_command_is_run_or_has_a_reason` until it is
-listed. The environment stands in for the user's machine: HOME is a scratch folder (for
-`~/.cache`), and `s3://` goes to the session's SeaweedFS (AWS_ENDPOINT_URL and keys).
+Each documented command is either in RUN, which this test runs in that order in a scratch
+folder laid out like a fresh clone, or in ELSEWHERE with the reason it cannot run here. A
+command added to the docs, or changed, fails
+`test_every_documented_command_is_run_or_has_a_reason` until it is listed. The environment
+stands in for the user's machine: HOME is a scratch folder (for `~/.cache`), and `s3://` goes
+to the session's SeaweedFS (AWS_ENDPOINT_URL and keys).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -109,13 +111,32 @@ def user_env(tmp_path, s3) -> dict[str, str]:
     return env
 
 
-def test_documented_commands_run_as_written(user_env, s3):
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """Where the commands run: the repository's .venv and configs linked in, Makefile and
+    pyproject.toml copied and dated before .venv's install stamp (so `make` does not
+    reinstall). Outputs (runs/, demo-output/) land here, not in the repository."""
+    stamp = REPO / ".venv" / ".installed"
+    if not stamp.exists():
+        pytest.fail("run `make install` first: the documented commands use .venv")
+    root = tmp_path / "checkout"
+    root.mkdir()
+    for name in (".venv", "configs"):
+        (root / name).symlink_to(REPO / name)
+    before = stamp.stat().st_mtime - 1
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, root / name)
+        os.utime(root / name, (before, before))
+    return root
+
+
+def test_documented_commands_run_as_written(user_env, s3, checkout):
     home = Path(user_env["HOME"])
     for command in RUN:
         result = subprocess.run(
             command,
             shell=True,
-            cwd=REPO,
+            cwd=checkout,
             env=user_env,
             capture_output=True,
             text=True,
@@ -123,10 +144,10 @@ def test_documented_commands_run_as_written(user_env, s3):
         )
         output = (result.stdout + result.stderr)[-3000:]
         assert result.returncode == 0, f"{command}\n{output}"
-        check(command, home, s3)
+        check(command, home, s3, checkout)
 
 
-def check(command: str, home: Path, s3) -> None:
+def check(command: str, home: Path, s3, checkout: Path) -> None:
     """What each command should have left behind."""
     build = home / ".cache/mmcurate/demo/build"
     if "make_demo_images" in command:
@@ -140,7 +161,7 @@ def check(command: str, home: Path, s3) -> None:
     elif command.startswith(".venv/bin/mmcurate report"):
         assert (build / "report.html").stat().st_size > 10_000
     elif command.startswith(".venv/bin/mmcurate train"):
-        summary = json.loads((REPO / "runs/train_clip/summary.json").read_text())
+        summary = json.loads((checkout / "runs/train_clip/summary.json").read_text())
         assert summary["steps"] == 20
     elif command == "make demo":
-        assert (REPO / "demo-output/report.html").stat().st_size > 10_000
+        assert (checkout / "demo-output/report.html").stat().st_size > 10_000

@@ -198,18 +198,32 @@ def test_ring_slots_carry_the_same_batches_and_stay_valid_while_held(
     assert plain[0][0].dtype == (torch.float32 if finish_in_workers else torch.uint8)
 
 
-def test_a_ring_slot_the_training_process_holds_is_not_reused(tiny_transform):
-    from trainer.ring import Ring, SlotLoader
+def test_a_ring_slot_is_written_again_only_once_given_back():
+    import multiprocessing
 
+    from trainer.ring import Ring
+
+    free = multiprocessing.get_context("fork").Semaphore(2)
     first = Batch(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, 77), ["a"] * 4)
-    ring = Ring(2, first)
-    assert ring.store(ring.free_slot(), first).ring is ring  # the tensors go once
-    assert ring.store(ring.free_slot(), first).ring is None
-    assert ring.free_slot() is None  # both slots held: the worker sends the next one plainly
-    SlotLoader.release(ring)
-    assert ring.free_slot() == 0
+    ring = Ring(2, first, free)
+    assert ring.store(ring.claim(), first).ring is ring  # the tensors go once
+    assert ring.store(ring.claim(), first).ring is None
+    assert not free.acquire(block=False)  # both slots held: the worker waits
+    free.release()  # the training process gives the oldest back
+    assert ring.claim() == 0
     bigger = Batch(torch.zeros(5, 3, 8, 8, dtype=torch.uint8), torch.zeros(5, 77), ["b"] * 5)
-    assert ring.store(0, bigger) is None  # a batch of another shape goes the ordinary way
+    assert ring.store(0, bigger) is None  # another shape goes whole; the slot is free again
+    assert ring.claim() == 0
+
+
+def test_a_failing_loader_worker_fails_the_training_loop(tmp_path, tiny_transform):
+    """A worker's exception reaches the training process with its traceback (here: every
+    sample of the first batch is unreadable, so there is nothing to substitute)."""
+    manifest_path = write_uneven_shards(tmp_path, sizes=(32,))
+    (tmp_path / "shard-000000.tar").unlink()
+    dataset = ShardDataset(read_manifest(str(manifest_path)), *tiny_transform, batch_size=16)
+    with pytest.raises(RuntimeError, match="(?s)loader worker 0 failed.*whole batch"):
+        list(make_loader(dataset, workers=2, hold=1))
 
 
 def test_transform_split_matches_open_clip_preprocess(tiny_transform):

@@ -43,7 +43,7 @@ from trainer.plan import (
     epoch_pieces,
     worker_plan,
 )
-from trainer.ring import Ring, SlotLoader, SlotRef
+from trainer.ring import Ring, RingLoader, SlotRef, batch_priority
 
 log = logging.getLogger(__name__)
 RGB = ImageReadMode.RGB
@@ -173,7 +173,6 @@ class Counters:
 
     samples: int = 0
     substituted: int = 0  # undecodable or missing samples replaced to keep batches full
-    unslotted: int = 0  # batches sent the ordinary way because their ring slot was held
 
 
 class ShardDataset(IterableDataset):
@@ -219,7 +218,9 @@ class ShardDataset(IterableDataset):
         # on the CPU) gets float batches and only trains.
         self.finish_in_workers = finish_in_workers and not self.device_decode
         self.decode_threads = decode_threads
-        self._pool: ThreadPoolExecutor | None = None  # made in the worker, on first use
+        # (process id, pool): made on first use in each process. Why the pid: a forked
+        # worker inherits the pool object but none of its threads.
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self.storage_options = dict(storage_options or {})
         self.cache_spec = cache  # (folder, byte limit): read shards through a local ShardCache
         self._cache: ShardCache | None = None
@@ -227,13 +228,19 @@ class ShardDataset(IterableDataset):
         self.epochs: int | None = 1  # epochs one iteration runs through; None: endless
         self.resume: tuple[int, int] | None = None  # (epoch, batches the rank consumed)
         self.counters = Counters()
-        # Reused shared-memory slots per worker (trainer/ring.py); set by make_loader.
-        self.ring_slots = 0
+        # In a RingLoader worker (trainer/ring.py): its place, and its slots.
+        self.worker_place: tuple[int, int] | None = None
+        self.ring_slots, self.ring_free = 0, None
         self._ring: Ring | None = None  # this worker's, made with its first batch
 
     def __getstate__(self) -> dict[str, Any]:
         # Why: a thread pool cannot be pickled (a spawned worker makes its own).
         return {**self.__dict__, "_pool": None}
+
+    def start_worker(self, worker: int, workers: int, slots: int, free: Any) -> None:
+        """Called in a RingLoader worker: its place, and the slots of its ring."""
+        self.worker_place = (worker, workers)
+        self.ring_slots, self.ring_free = slots, free
 
     def set_epoch(self, epoch: int, epochs: int | None = 1) -> None:
         """The next iteration starts at `epoch` and runs through `epochs` epochs (None:
@@ -271,7 +278,7 @@ class ShardDataset(IterableDataset):
         by the batches taken before each epoch: after a resume (the `consumed` batches) and
         at every later epoch, the next batch then comes from the worker the plan gives it."""
         info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        worker, workers = self.worker_place or ((info.id, info.num_workers) if info else (0, 1))
         taken = -consumed  # batches all workers yielded in this iteration before `epoch`
         last = None if epochs is None else epoch + epochs - 1
         while last is None or epoch <= last:
@@ -286,14 +293,14 @@ class ShardDataset(IterableDataset):
         for _ in range(plan.batches):
             raws = [next(samples) for _ in range(self.batch_size)]
             ring = self._ring
-            slot = ring.free_slot() if ring else None
+            slot = ring.claim() if ring else None
             last = self.collate(raws, last, epoch, ring.out(slot) if slot is not None else None)
-            if ring is None and self.ring_slots and get_worker_info() and Ring.holds(last):
-                ring = self._ring = Ring(self.ring_slots, last)
-                slot = ring.free_slot()
+            if ring is None and self.ring_free is not None and Ring.holds(last):
+                ring = self._ring = Ring(self.ring_slots, last, self.ring_free)
+                slot = ring.claim()
             sent = ring.store(slot, last) if slot is not None else None
-            if ring and sent is None:
-                self.counters.unslotted += 1
+            if slot is not None and sent is None:  # sent whole: it may lie in the freed slot
+                last = Batch(last.images.clone(), last.tokens.clone(), last.keys)
             yield sent or last
         if self.counters.substituted:
             log.warning(
@@ -301,11 +308,6 @@ class ShardDataset(IterableDataset):
                 epoch,
                 self.counters.substituted,
                 self.counters.samples,
-            )
-        if self.counters.unslotted:
-            log.debug(
-                "%d batches went the ordinary way: their ring slot was still held",
-                self.counters.unslotted,
             )
 
     def emitted(self, plan: WorkerPlan) -> Iterator[tuple[int, dict[str, Any] | None]]:
@@ -394,9 +396,9 @@ class ShardDataset(IterableDataset):
         samples = [raw for _, raw in raws]
         if self.decode_threads <= 1:
             return [self.decode_or_skip(raw) for raw in samples]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.decode_threads, "mmcurate-decode")
-        return list(self._pool.map(self.decode_or_skip, samples))
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(self.decode_threads, "mmcurate-decode"))
+        return list(self._pool[1].map(self.decode_or_skip, samples))
 
     def decode_or_skip(self, sample: dict[str, Any] | None) -> tuple[torch.Tensor, str] | None:
         return self.decode(sample) if sample is not None else None
@@ -431,38 +433,44 @@ class ShardDataset(IterableDataset):
 
 def make_loader(
     dataset: ShardDataset, workers: int, pin_memory: bool = False, hold: int | None = None
-) -> SlotLoader:
-    """Workers build whole batches, so the DataLoader only passes them on (batch_size=None);
-    it takes them from the workers round-robin, which the resume arithmetic relies on.
+) -> RingLoader | Batches:
+    """Loader worker processes that build whole batches; batches come from the workers in
+    turn, which the resume arithmetic relies on.
 
-    With `hold`, batches come through reused shared-memory slots (trainer/ring.py): each
-    batch's tensors are then views that stay valid until `hold` more batches are drawn.
-    The training loop passes the most batches it keeps at once."""
+    With `hold` (the training loop), the loader's own workers pass batches through reused
+    shared-memory slots (trainer/ring.py): each batch's tensors are then views that stay
+    valid until `hold` more batches are drawn; pass the most batches the caller keeps at
+    once. Without it (or with device decode, whose batches vary in size, or no workers), a
+    DataLoader passes them the ordinary way."""
     if workers:
-        # Why process-wide: torch has no per-loader option. Batches pass as named shared
+        # Why process-wide: torch has no per-loader option. Tensors pass as named shared
         # memory files instead of file descriptors, which the training process would have to
         # fetch from each busy worker's sharing thread (about 5 ms a batch measured here).
         torch.multiprocessing.set_sharing_strategy("file_system")
-    prefetch = PREFETCH_BATCHES if workers else None
-    # A worker has at most `prefetch` batches queued, plus those the training loop holds.
-    dataset.ring_slots = prefetch + hold if hold and workers else 0
+    if hold and workers and not dataset.device_decode:
+        return RingLoader(dataset, workers, hold, PREFETCH_BATCHES)
     loader = DataLoader(
         dataset,
         batch_size=None,
         num_workers=workers,
-        # Why not with rings: the pin thread would copy a whole ring into pinned memory.
-        pin_memory=pin_memory and not dataset.ring_slots,
-        prefetch_factor=prefetch,
+        pin_memory=pin_memory,
+        prefetch_factor=PREFETCH_BATCHES if workers else None,
         in_order=True,
         worker_init_fn=batch_priority,
     )
-    return SlotLoader(loader, hold or 1)
+    return Batches(loader)
 
 
-def batch_priority(_worker: int) -> None:
-    """Loader workers run as SCHED_BATCH (Linux): as much CPU as before, but a waking
-    training thread takes a busy core at once instead of after the workers' time slice.
-    Measured with two busy workers on 2 cores: a ready batch took 3.3 ms (median) to reach
-    the training thread, 0.5 ms with this."""
-    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+class Batches:
+    """A DataLoader whose iterators can be closed (which stops its workers) like a
+    RingLoader's."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Batch]:
+        return closable(iter(self.loader))
+
+
+def closable(items: Iterator[Batch]) -> Iterator[Batch]:
+    yield from items

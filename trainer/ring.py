@@ -1,43 +1,56 @@
-"""Reusable shared-memory batch slots between the loader workers and the training process.
+"""The training loader's worker processes and the reusable shared-memory slots they fill.
 
-Why: a DataLoader hands over each batch in a fresh shared-memory segment, which the training
-process maps, faults in page by page and unmaps again: about 3 ms of its time per batch here,
-some 5% of a step at 90% demand. Instead each worker writes its batches into a fixed ring of
-slots that the training process maps once, and sends only (ring, slot, keys). The training
-process gives a slot back when it draws `hold` more batches, so a batch's tensors are views
-that stay valid until then; clone them to keep them longer.
+Why not torch's DataLoader here: it hands over each batch in a fresh shared-memory segment,
+which the training process maps, faults in page by page and unmaps again (about 3 ms of its
+time per batch measured here, 5% of a step at 90% demand), and its queue protocol costs about
+0.5 ms more per batch. Instead each worker process writes its batches into a fixed ring of
+slots that the training process maps once, and sends only (ring, slot, keys) through its own
+queue. The training process gives a slot back (a semaphore) when it has drawn `hold` more
+batches, so a batch's tensors are views that stay valid until then; clone them to keep them
+longer. A worker waits for a free slot, so a slot is never overwritten while it may be read.
 
-A worker that finds its next slot still held (the DataLoader sends a worker more work when
-another one has run out) sends that batch the ordinary way, so a slot is never overwritten
-while the training process may still read it.
+Batches are taken from the workers in turn, skipping workers that have finished, exactly as a
+DataLoader with `in_order=True` takes them: the resume arithmetic (trainer/plan.py) relies on
+this order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import random
+import traceback
 import uuid
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader
 
 from trainer.batch import Batch
 
+WAIT_S = 5.0  # how often a waiting training process checks that the worker is still alive
+
 
 class Ring:
-    """A worker's slots: `images[slot]`, `tokens[slot]`, and how many batches the training
-    process has given back (it gives them back in the order they were written)."""
+    """A worker's slots: `images[slot]`, `tokens[slot]`. `free` (worker side only) counts the
+    slots the training process has given back; the slots are used in turn."""
 
-    def __init__(self, slots: int, first: Batch) -> None:
+    def __init__(self, slots: int, first: Batch, free: Any) -> None:
         self.key = uuid.uuid4().hex
         self.images = torch.empty((slots, *first.images.shape), dtype=first.images.dtype)
         self.tokens = torch.empty((slots, *first.tokens.shape), dtype=first.tokens.dtype)
-        self.released = torch.zeros(1, dtype=torch.int64)
-        for tensor in (self.images, self.tokens, self.released):
+        for tensor in (self.images, self.tokens):
             tensor.share_memory_()
+        self.free = free
         self.written = 0  # worker side only
         self.announced = False  # worker side: whether the training process has the tensors
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Why: a semaphore only travels to processes at their start (the worker's copy).
+        return {**self.__dict__, "free": None}
 
     @staticmethod
     def holds(batch: Batch) -> bool:
@@ -53,19 +66,20 @@ class Ring:
             and tokens.shape == self.tokens.shape[1:]
         )
 
-    def free_slot(self) -> int | None:
-        """The slot the next batch goes to, or None while the training process holds it."""
-        if self.written - int(self.released[0]) >= len(self.images):
-            return None
+    def claim(self) -> int:
+        """The slot the next batch goes to, once the training process has given it back."""
+        self.free.acquire()
         return self.written % len(self.images)
 
     def out(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[slot], self.tokens[slot]
 
     def store(self, slot: int, batch: Batch) -> SlotRef | None:
-        """`batch` written into `slot` (unless collate stacked it there already), and the
-        message that stands for it; None when it does not fit the ring."""
+        """`batch` written into the claimed `slot` (unless collate stacked it there already),
+        and the message that stands for it; None (and the slot unclaimed) when it does not
+        fit the ring."""
         if not self.fits(batch):
+            self.free.release()
             return None
         images, tokens = self.out(slot)
         if batch.images.data_ptr() != images.data_ptr():
@@ -84,46 +98,140 @@ class SlotRef(NamedTuple):
     keys: list[str]
 
 
-class SlotLoader:
-    """Iterates a DataLoader whose workers send `SlotRef`s, yielding `Batch`es that are views
-    into the rings; ordinary batches pass through. A yielded batch stays valid until `hold`
-    more batches have been drawn."""
+class Done(NamedTuple):
+    error: str | None  # the worker's traceback, or None when it finished its batches
 
-    def __init__(self, loader: DataLoader, hold: int) -> None:
-        if hold < 1:
-            raise ValueError("hold must be at least 1")
-        self.loader, self.hold = loader, hold
+
+class RingLoader:
+    """`workers` processes (forked) iterating `dataset`, each with a ring of `depth + hold`
+    slots; iterate it for `Batch`es. `dataset` must set `ring_free` up for each worker (see
+    trainer/data.py `ShardDataset.start_worker`)."""
+
+    def __init__(self, dataset: Any, workers: int, hold: int, depth: int) -> None:
+        if workers < 1 or hold < 1 or depth < 1:
+            raise ValueError("RingLoader needs workers, hold and depth of at least 1")
+        self.dataset, self.workers, self.hold, self.depth = dataset, workers, hold, depth
 
     def __iter__(self) -> Iterator[Batch]:
-        # Why not a generator itself: as with a DataLoader, the workers start at iter(), not
-        # at the first draw.
-        return self.views(iter(self.loader))
+        # Why not a generator itself: as with a DataLoader, the workers start at iter().
+        ctx = mp.get_context("fork")
+        slots = self.depth + self.hold
+        free = [ctx.Semaphore(slots) for _ in range(self.workers)]
+        queues = [ctx.Queue() for _ in range(self.workers)]
+        stop = ctx.Event()
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())  # as a DataLoader's
+        processes = [
+            ctx.Process(
+                target=work,
+                args=(
+                    self.dataset,
+                    worker,
+                    self.workers,
+                    seed,
+                    slots,
+                    free[worker],
+                    queues[worker],
+                    stop,
+                ),
+                name=f"mmcurate-loader-{worker}",
+                daemon=True,
+            )
+            for worker in range(self.workers)
+        ]
+        for process in processes:
+            process.start()
+        return self.views(processes, queues, free, stop)
 
-    def views(self, items: Iterator[Any]) -> Iterator[Batch]:
+    def views(self, processes: list, queues: list, free: list, stop: Any) -> Iterator[Batch]:
         rings: dict[str, Ring] = {}
-        held: deque[Ring | None] = deque()
+        held: deque[tuple[int, bool]] = deque()  # (worker, whether it holds a slot)
+        active = list(range(self.workers))
+        turn = 0  # index into `active` of the worker whose batch comes next
         try:
-            for item in items:
-                yield self.view(item, rings, held)
+            while active:
+                worker = active[turn]
+                item = receive(worker, processes[worker], queues[worker])
+                if isinstance(item, Done):
+                    active.pop(turn)  # the next worker in turn moves into this place
+                    turn = turn % len(active) if active else 0
+                    continue
+                turn = (turn + 1) % len(active)
+                yield view(item, rings, held, worker)
                 while len(held) >= self.hold:  # the next draw: the oldest held slot is free
-                    self.release(held.popleft())
+                    worker, slotted = held.popleft()
+                    if slotted:
+                        free[worker].release()
         finally:
-            while held:
-                self.release(held.popleft())
+            stop.set()
+            for semaphore in free:  # wake workers waiting for a slot so that they see `stop`
+                for _ in range(self.depth + self.hold):
+                    semaphore.release()
+            for process in processes:
+                process.join(timeout=WAIT_S)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
 
-    @staticmethod
-    def release(ring: Ring | None) -> None:
-        """Give a batch's slot back to its worker (None: a batch sent the ordinary way)."""
-        if ring is not None:
-            ring.released += 1
 
-    @staticmethod
-    def view(item: Any, rings: dict[str, Ring], held: deque) -> Batch:
-        if not isinstance(item, SlotRef):
-            held.append(None)
-            return item
-        if item.ring is not None:
-            rings[item.key] = item.ring
-        ring = rings[item.key]
-        held.append(ring)
-        return Batch(ring.images[item.slot], ring.tokens[item.slot], item.keys)
+def receive(worker: int, process: Any, messages: Any) -> Any:
+    """The worker's next message; raises if it failed or died."""
+    while True:
+        try:
+            item = messages.get(timeout=WAIT_S)
+        except queue.Empty:
+            if not process.is_alive():
+                raise RuntimeError(
+                    f"loader worker {worker} died (exit code {process.exitcode})"
+                ) from None
+            continue
+        if isinstance(item, Done) and item.error:
+            raise RuntimeError(f"loader worker {worker} failed:\n{item.error}")
+        return item
+
+
+def view(item: Any, rings: dict[str, Ring], held: deque, worker: int) -> Batch:
+    if not isinstance(item, SlotRef):  # a batch that did not fit the ring, sent whole
+        held.append((worker, False))
+        return item
+    if item.ring is not None:
+        rings[item.key] = item.ring
+    held.append((worker, True))
+    ring = rings[item.key]
+    return Batch(ring.images[item.slot], ring.tokens[item.slot], item.keys)
+
+
+def work(
+    dataset: Any,
+    worker: int,
+    workers: int,
+    seed: int,
+    slots: int,
+    free: Any,
+    messages: Any,
+    stop: Any,
+) -> None:
+    """A worker process: the dataset's batches for this worker, into its ring, in order."""
+    torch.set_num_threads(1)  # as DataLoader workers: the cores are the workers'
+    torch.manual_seed(seed + worker)
+    random.seed(seed + worker)
+    batch_priority()
+    dataset.start_worker(worker, workers, slots, free)
+    try:
+        for item in dataset:
+            if stop.is_set():
+                break
+            messages.put(item)
+        messages.put(Done(None))
+    except BaseException:  # noqa: BLE001 - handed to the training process, which raises it
+        messages.put(Done(traceback.format_exc()))
+    if stop.is_set():
+        messages.cancel_join_thread()  # nobody reads any more: exit without flushing
+
+
+def batch_priority(_worker: int = 0) -> None:
+    """Loader workers run as SCHED_BATCH (Linux): as much CPU as before, but a waking
+    training thread takes a busy core at once instead of after the workers' time slice
+    (`bench/loaders/handover.py`: a ready item took 3.2 ms (median) to reach the training
+    thread with two busy workers on 2 cores, 0.5 ms with this)."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))

@@ -621,9 +621,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     )
     torch.manual_seed(cfg.data.seed + place.rank)  # each rank its own augmentations
     dataset = make_dataset(cfg, sources, place, preprocess, tokenizer)
-    # The loop keeps a step's accum_freq batches, and draws the next one before it lets go.
-    hold = cfg.optim.accum_freq + 1
-    loader = make_loader(dataset, cfg.data.workers, place.device.type == "cuda", hold)
+    # On the CPU the loop trains on the loader's views and keeps a step's accum_freq batches
+    # while it draws the next: they stay valid that long (trainer/ring.py). On CUDA the
+    # DataLoader's pinned path stays: its copies to the GPU are asynchronous, and rings
+    # registered with CUDA are not built yet.
+    cuda = place.device.type == "cuda"
+    hold = None if cuda else cfg.optim.accum_freq + 1
+    loader = make_loader(dataset, cfg.data.workers, pin_memory=cuda, hold=hold)
     previous = previous_checkpoint(cfg, output, place)
     mode = "a" if previous else "w"
     sample_path = output / "samples" / f"rank-{place.rank}.jsonl"

@@ -154,9 +154,9 @@ def main() -> None:
         # hold 2: the measuring loop keeps one batch while it draws the next
         dataset.set_epoch(0, epochs=None)  # epoch after epoch, as the trainer reads them
         batches = make_loader(dataset, args.workers, hold=2 if ring else None)
-        if gpu_like and ring:  # uint8 views into the rings, as the GPU trainer gets them
-            return batches
-        if gpu_like:  # what the pin-memory thread hands a GPU trainer: uint8, off-thread
+        if gpu_like and ring:  # uint8 views into the rings (the CUDA trainer does not use
+            return batches  # rings yet: it takes the DataLoader's pinned path, below)
+        if gpu_like:  # the CUDA trainer's path: a pin-memory thread copies each uint8 batch
             return Restartable(lambda: in_background(batches))
         return DevicePrefetcher(batches, torch.device("cpu"), transform)
 
