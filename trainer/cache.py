@@ -144,7 +144,11 @@ class ShardCache:
         return path.with_name(f".{path.name}.lock")
 
     def used_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.folder.glob("*.tar"))
+        total = 0
+        for path in self.folder.glob("*.tar"):
+            with contextlib.suppress(FileNotFoundError):  # evicted by another process just now
+                total += path.stat().st_size
+        return total
 
     def prefetch(self, shards: list[tuple[str, str | None, int]]) -> None:
         """Download these (url, sha256, size) in the background, in order."""
