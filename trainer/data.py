@@ -1,8 +1,10 @@
 """Stream a build's WebDataset shards (local or any fsspec URL) as ready training batches.
 
-Each DataLoader worker follows its part of the epoch plan (trainer/plan.py): it reads only its
-shard runs, front to back, holds raw samples until the shuffle buffer emits them, and yields
-whole batches: `Batch(images, tokens, keys)`. Images leave the workers as uint8 after the
+Each loader worker follows its part of the epoch plan (trainer/plan.py), epoch after epoch: it
+reads only its shard runs, front to back, holds raw samples until the shuffle buffer emits
+them, and yields whole batches: `Batch(images, tokens, keys)`. The workers are the loader's
+own processes with reused shared-memory slots (trainer/ring.py) when the CPU trains, and a
+DataLoader's with pinned memory on CUDA (`make_loader`). Images leave the workers as uint8 after the
 geometric part of the train transform (4x less to pass between processes than float); the
 float conversion and normalization run on the training GPU (`ImageTransform.finish`), or in
 the workers when training on the CPU.
