@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.config_io import ConfigError, load_yaml, validate
+from pipeline.storage import absolute
 from stages.registry import validate_stage_list
 
 
@@ -21,7 +21,7 @@ class Strict(BaseModel):
 def resolved_here(path: str) -> str:
     """A local path made absolute (`~` and relative parts) where the config is loaded. Why:
     Ray workers have their own working folder, and may have their own HOME."""
-    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+    return absolute(path)
 
 
 class SourceConfig(Strict):

@@ -20,11 +20,14 @@ T = TypeVar("T")
 SECRET_WORDS = ("key", "secret", "token", "password", "credential")
 
 
+def absolute(url: str) -> str:
+    """A local path with `~` and relative parts resolved here; other URLs unchanged."""
+    return url if "://" in url else os.path.abspath(os.path.expanduser(url))
+
+
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """(fsspec filesystem, path inside it) for any URL; local paths expand `~`."""
-    if "://" not in url:
-        url = os.path.abspath(os.path.expanduser(url))
-    return url_to_fs(url, **(storage_options or {}))
+    return url_to_fs(absolute(url), **(storage_options or {}))
 
 
 def join(base: str, *parts: str) -> str:
