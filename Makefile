@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/mmcurate demo
+	$(BIN)/mmcurate demo --out demo-output
 
 test: install
 	$(BIN)/ruff check pipeline stages trainer tests bench

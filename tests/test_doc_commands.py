@@ -13,11 +13,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+
+from pipeline.demo_data import iter_samples, make_demo_images
+from pipeline.video_data import encode_video
+from tests.http_corpus import Corpus
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -37,42 +45,47 @@ RUN = [
     "make demo",
 ]
 
-PRETRAINED = "downloads pretrained ViT-B-32 weights (laion2b_s34b_b79k); tests download nothing"
+# docs/recipes.md and the README's recipe lines, in the order they build on each other; run by
+# `test_recipe_commands_run_as_written` on the inputs a user would have (see `recipe_inputs`).
+RECIPES = [
+    ".venv/bin/mmcurate build configs/laion_dedupe.yaml --set source.path='laion-256/*.tar'",
+    ".venv/bin/mmcurate build configs/laion_dedupe.yaml --set source.path='laion-256/*.tar'"
+    " --set output.path=laion-256-dedup",
+    ".venv/bin/mmcurate train configs/train_clip.yaml --set data.manifest=laion-256-dedup/"
+    "manifest.json --set model.name=ViT-B-32 --set run.max_steps=null --set run.epochs=1"
+    " --set run.output=runs/b32",
+    ".venv/bin/mmcurate build configs/video_frames.yaml --set source.path=my-videos",
+    ".venv/bin/mmcurate build configs/video_frames.yaml --set source.path=my-videos"
+    " --set output.path=video-clips",
+]
+# docs/recipes.md's Ray cluster recipe: one shell, run by `test_ray_recipe_runs_as_written`.
+RAY_RECIPE = [
+    "source .venv/bin/activate",
+    "ray get-auth-token --generate > /dev/null",
+    "export RAY_AUTH_MODE=token",
+    "ray start --head --dashboard-host=127.0.0.1",
+    "ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m pipeline build "
+    "configs/demo.yaml",
+    "ray stop",
+]
+LAION_INGEST = (
+    ".venv/bin/mmcurate build configs/laion_ingest.yaml --set source.path=laion-part-00000.parquet"
+    " --set source.url_column=URL --set source.caption_column=TEXT"
+)
+INTERNET = (
+    "downloads images from the internet; `recipe_inputs` runs it on a loopback server, with the"
+    " one --set the private-address guard needs for that (stages.0.allow_private_addresses)"
+)
 ELSEWHERE = {
     "make test": "what CI runs (.ci/run); from a test it would run the suite inside itself",
-    ".venv/bin/mmcurate demo --out demo-output": "`make demo` runs this same command (demo-output"
-    " is --out's default); run above",
-    ".venv/bin/mmcurate build configs/laion_ingest.yaml --set source.path=laion-part-00000.parquet"
-    " --set source.url_column=URL --set source.caption_column=TEXT": "downloads images from the"
-    " internet; a loopback server is refused by the private-address guard the config keeps on"
-    " (tests/test_ingest.py covers the ingest from a loopback server)",
-    ".venv/bin/mmcurate build configs/laion_ingest.yaml --set source.path=laion-part-00000.parquet"
-    " --set source.url_column=URL --set source.caption_column=TEXT --set output.path=laion-256": (
-        "as the README's laion_ingest command"
-    ),
-    ".venv/bin/mmcurate build configs/laion_dedupe.yaml --set source.path='laion-256/*.tar'": (
-        PRETRAINED
-    ),
-    ".venv/bin/mmcurate build configs/laion_dedupe.yaml --set source.path='laion-256/*.tar'"
-    " --set output.path=laion-256-dedup": PRETRAINED,
-    ".venv/bin/mmcurate build configs/video_frames.yaml --set source.path=my-videos": PRETRAINED,
-    ".venv/bin/mmcurate build configs/video_frames.yaml --set source.path=my-videos"
-    " --set output.path=video-clips": PRETRAINED,
-    ".venv/bin/mmcurate train configs/train_clip.yaml --set data.manifest=laion-256-dedup/"
-    "manifest.json --set model.name=ViT-B-32 --set run.output=runs/b32": "trains on the LAION"
-    " recipe's output (which needs the internet) and ViT-B-32 for 100 steps: a GPU job",
+    ".venv/bin/mmcurate demo --out demo-output": "what `make demo` runs, as written; run above",
+    LAION_INGEST: INTERNET,
+    f"{LAION_INGEST} --set output.path=laion-256": INTERNET,
     ".venv/bin/torchrun --nproc-per-node=8 -m trainer configs/train_clip.yaml --set data.manifest="
     "s3://bucket/laion-256-dedup/manifest.json --set model.name=ViT-B-32 --set data.cache_dir="
     "/nvme/mmcurate-cache --set data.cache_limit=500GB --set run.output=runs/b32 --set "
     "run.checkpoint_every=1000 --set run.precision=bf16": "8 GPUs; tests/test_loader.py runs"
     " torchrun with 2 CPU ranks",
-    "source .venv/bin/activate": "part of the Ray cluster recipe below",
-    "ray start --head --dashboard-host=127.0.0.1": "the Ray recipe: tests/test_ray_job.py starts a"
-    " head with token auth and submits build and train jobs to it",
-    "export RAY_AUTH_MODE=token": "the Ray recipe (tests/test_ray_job.py)",
-    "ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m pipeline build "
-    "configs/demo.yaml": "the Ray recipe (tests/test_ray_job.py submits it to its own head)",
-    "ray stop": "stops every Ray process of the user by name, this test session's included",
     "export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...": "placeholders for your keys",
     "export GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json": "a placeholder for your key file",
 }
@@ -94,9 +107,10 @@ def documented_commands() -> list[str]:
 def test_every_documented_command_is_run_or_has_a_reason():
     documented = set(documented_commands())
     assert documented, "no ```bash blocks found"
-    assert not set(RUN) & set(ELSEWHERE)
-    assert documented - set(RUN) - set(ELSEWHERE) == set(), "documented but not listed here"
-    assert (set(RUN) | set(ELSEWHERE)) - documented == set(), "listed here but not documented"
+    run = set(RUN) | set(RECIPES) | set(RAY_RECIPE)
+    assert not run & set(ELSEWHERE)
+    assert documented - run - set(ELSEWHERE) == set(), "documented but not listed here"
+    assert (run | set(ELSEWHERE)) - documented == set(), "listed here but not documented"
 
 
 @pytest.fixture
@@ -113,37 +127,40 @@ def user_env(tmp_path, s3) -> dict[str, str]:
 
 @pytest.fixture
 def checkout(tmp_path) -> Path:
-    """Where the commands run: the repository's .venv and configs linked in, Makefile and
-    pyproject.toml copied and dated before .venv's install stamp (so `make` does not
-    reinstall). Outputs (runs/, demo-output/) land here, not in the repository."""
+    """Where the commands run: the repository's tracked files copied, as a fresh clone has
+    them, and its .venv linked in. Makefile and pyproject.toml are dated before .venv's install
+    stamp (so `make` does not reinstall). Outputs (runs/, demo-output/, ...) land here."""
     stamp = REPO / ".venv" / ".installed"
     if not stamp.exists():
         pytest.fail("run `make install` first: the documented commands use .venv")
     root = tmp_path / "checkout"
-    root.mkdir()
-    for name in (".venv", "configs"):
-        (root / name).symlink_to(REPO / name)
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    for name in filter(None, tracked):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, root / name)
+    (root / ".venv").symlink_to(REPO / ".venv")
     before = stamp.stat().st_mtime - 1
     for name in ("Makefile", "pyproject.toml"):
-        shutil.copy(REPO / name, root / name)
         os.utime(root / name, (before, before))
     return root
+
+
+def run_documented(command: str, checkout: Path, env: dict[str, str]) -> str:
+    """Runs `command` as a user's shell would; returns its output, failing on a non-zero exit."""
+    result = subprocess.run(
+        command, shell=True, cwd=checkout, env=env, capture_output=True, text=True, timeout=900
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{command}\n{output[-3000:]}"
+    return output
 
 
 def test_documented_commands_run_as_written(user_env, s3, checkout):
     home = Path(user_env["HOME"])
     for command in RUN:
-        result = subprocess.run(
-            command,
-            shell=True,
-            cwd=checkout,
-            env=user_env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        output = (result.stdout + result.stderr)[-3000:]
-        assert result.returncode == 0, f"{command}\n{output}"
+        run_documented(command, checkout, user_env)
         check(command, home, s3, checkout)
 
 
@@ -165,3 +182,107 @@ def check(command: str, home: Path, s3, checkout: Path) -> None:
         assert summary["steps"] == 20
     elif command == "make demo":
         assert (checkout / "demo-output/report.html").stat().st_size > 10_000
+
+
+@pytest.fixture
+def recipe_inputs(user_env, checkout) -> dict[str, str]:
+    """What a user has before the recipes: `laion-256/`, made by the LAION ingest command (from a
+    loopback server here), a `my-videos/` folder, and ViT-B-32 weights in the Hugging Face cache.
+    The weights are random (tests download nothing), so CLIP scores are near 0. Returns the
+    environment, with the hub offline as a guarantee."""
+    env = {**user_env, "HF_HUB_OFFLINE": "1"}
+    cache_vit_b32_weights(Path(env["HOME"]) / ".cache/huggingface/hub")
+    corpus = Corpus().start()
+    try:
+        serve_laion_part(corpus, checkout / "laion-part-00000.parquet", n=160)
+        guard_off = "--set stages.0.allow_private_addresses=true"  # loopback is private
+        run_documented(f"{LAION_INGEST} --set output.path=laion-256 {guard_off}", checkout, env)
+    finally:
+        corpus.stop()
+    videos = checkout / "my-videos"
+    videos.mkdir()
+    for i in range(3):  # 8 s at 24 fps, scenes of 3, 3 and 2 s
+        (videos / f"video_{i}.mp4").write_bytes(encode_video(192, 24, cuts=(72, 144)))
+        (videos / f"video_{i}.txt").write_text(f"a moving gradient, take {i}")
+    return env
+
+
+def cache_vit_b32_weights(hub: Path) -> None:
+    """Random ViT-B-32 weights where open_clip looks for `laion2b_s34b_b79k` in the HF cache."""
+    import open_clip
+    import safetensors.torch
+    import torch
+
+    repo = hub / "models--laion--CLIP-ViT-B-32-laion2B-s34B-b79K"
+    revision = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs/main").write_text(revision)
+    (repo / "snapshots" / revision).mkdir(parents=True)
+    torch.manual_seed(0)
+    model = open_clip.create_model("ViT-B-32")
+    state = {name: tensor.half().contiguous() for name, tensor in model.state_dict().items()}
+    snapshot = repo / "snapshots" / revision
+    safetensors.torch.save_file(state, snapshot / "open_clip_model.safetensors")
+
+
+def serve_laion_part(corpus: Corpus, path: Path, n: int) -> None:
+    """A LAION-style parquet (URL, TEXT) of `n` photos on `corpus`, and two dead links."""
+    urls, texts = [], []
+    for sample in iter_samples(n, seed=7):
+        urls.append(corpus.serve(f"/{sample.key}.{sample.ext}", sample.data))
+        texts.append(sample.caption)
+    urls += [f"{corpus.base}/gone.jpg", f"{corpus.base}/status/500"]
+    texts += ["a photo that is gone", "a server error"]
+    pq.write_table(pa.table({"URL": urls, "TEXT": texts}), path)
+
+
+def test_recipe_commands_run_as_written(recipe_inputs, checkout):
+    env = recipe_inputs
+    ingested = json.loads((checkout / "laion-256/manifest.json").read_text())
+    assert ingested["samples"] == 160
+    outputs = [run_documented(command, checkout, env) for command in RECIPES]
+
+    dedup = checkout / "laion-256-dedup"
+    stats = json.loads((dedup / "stats.json").read_text())
+    manifest = json.loads((dedup / "manifest.json").read_text())
+    assert [stage["name"] for stage in stats["stages"]][-3:] == [
+        "exact_dedupe",
+        "near_dedupe",
+        "semantic_dedupe",
+    ]
+    assert stats["samples_in"] == 160 and manifest["samples"] == stats["samples_out"] >= 32
+    assert "nothing to do" in outputs[1]  # the same build again: output.path is the default
+
+    summary = json.loads((checkout / "runs/b32/summary.json").read_text())
+    assert summary["steps"] == manifest["samples"] // 32  # one epoch of batch 32
+    assert (checkout / f"runs/b32/checkpoints/step-{summary['steps']}.pt").is_file()
+
+    clips = json.loads((checkout / "video-clips/stats.json").read_text())
+    by_name = {stage["name"]: stage for stage in clips["stages"]}
+    assert by_name["clip_split"]["out"] == 9  # 3 videos x 3 scenes
+    assert by_name["video_frames"]["out"] == 9
+    assert by_name["clip_score"]["dropped"] == {"low_clip_score": 9}  # random weights score ~0
+    assert "nothing to do" in outputs[4]
+
+
+def test_ray_recipe_runs_as_written(user_env, checkout):
+    """The recipe's five lines in one shell, in new network and process namespaces: loopback is
+    the only network there, so Ray can only use 127.0.0.1 and its default ports are free, and
+    `ray stop`, which stops Ray processes by name, sees only the recipe's. Whatever is left
+    ends with the namespace."""
+    home = Path(user_env["HOME"])
+    make_demo_images(home / ".cache/mmcurate/demo/images", n=40, exact_copies=2, broken=1)
+    ray_tmp = tempfile.mkdtemp(prefix="rayrecipe-", dir="/tmp")  # short: unix socket paths
+    env = {**user_env, "RAY_TMPDIR": ray_tmp}  # not /tmp/ray, which the session's Ray uses
+    script = "set -e\n" + "\n".join(RAY_RECIPE)
+    inside = f"ip link set lo up && exec bash -c {shlex.quote(script)}"
+    namespaces = "unshare --user --map-root-user --net --pid --fork --mount-proc"
+    try:
+        output = run_documented(f"{namespaces} bash -c {shlex.quote(inside)}", checkout, env)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert "succeeded" in output and "Token authentication is disabled" not in output
+    build = home / ".cache/mmcurate/demo/build"
+    stats = json.loads((build / "stats.json").read_text())
+    manifest = json.loads((build / "manifest.json").read_text())
+    assert stats["samples_in"] == 43 and manifest["samples"] == stats["samples_out"] > 0
