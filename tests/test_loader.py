@@ -226,6 +226,15 @@ def test_a_failing_loader_worker_fails_the_training_loop(tmp_path, tiny_transfor
         list(make_loader(dataset, workers=2, hold=1))
 
 
+def test_an_endless_stream_without_a_full_batch_is_refused(tmp_path, tiny_transform):
+    manifest_path = write_uneven_shards(tmp_path, sizes=(10,))
+    dataset = ShardDataset(read_manifest(str(manifest_path)), *tiny_transform, batch_size=16)
+    with pytest.raises(ValueError, match="no full batch of 16 in an epoch of 10 samples"):
+        dataset.set_epoch(0, epochs=None)
+    dataset.set_epoch(0, epochs=1)  # one epoch of nothing ends at once
+    assert list(dataset) == []
+
+
 def test_transform_split_matches_open_clip_preprocess(tiny_transform):
     """Bytes -> uint8 in the workers, finish() on the device: open_clip's transform with the
     same random crop, resized by torch's uint8 kernels instead of PIL's."""

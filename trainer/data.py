@@ -247,6 +247,11 @@ class ShardDataset(IterableDataset):
     def set_epoch(self, epoch: int, epochs: int | None = 1) -> None:
         """The next iteration starts at `epoch` and runs through `epochs` epochs (None:
         endless). Why before iter(loader): the workers copy these values when they start."""
+        if epochs is None and self.batches_per_epoch() == 0:  # would spin, yielding nothing
+            raise ValueError(
+                f"no full batch of {self.batch_size} in an epoch of {self.epoch_samples} samples "
+                f"on each of {self.world} ranks: an endless stream would never yield"
+            )
         self.epoch, self.epochs = epoch, epochs
 
     def resume_at(self, epoch: int, consumed_batches: int) -> None:
