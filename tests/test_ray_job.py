@@ -42,11 +42,13 @@ def wait_for_dashboard(url: str, token: str, head: subprocess.Popen, timeout_s=1
 
 
 @pytest.fixture
-def ray_head(tmp_path):
-    """A `ray start --head --block` child with token auth; stopped by its pid."""
+def ray_head(tmp_path, s3):
+    """A `ray start --head --block` child with token auth, its workers given the session S3's
+    endpoint and keys (as a cluster's nodes have theirs); stopped by its pid."""
     token = secrets.token_hex(32)
     env = {
         **os.environ,
+        **s3.env(),
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": token,
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
@@ -106,9 +108,10 @@ def submit(url, env, *args, attempts=30):
 
 
 @pytest.mark.slow
-def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp_path):
+def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp_path, s3):
     """A build, then training on its shards with Ray Train, as jobs; with the session Ray of
-    the other tests running too, as in CI."""
+    the other tests running too, as in CI. The training run writes to S3, as a cluster
+    without a shared filesystem needs."""
     url, env = ray_head
     images = image_folder(n=30, exact_copies=2, broken=1)
     out = tmp_path / "job-out"
@@ -135,19 +138,27 @@ def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp
     )
 
     # The same cluster trains on those shards: two Ray Train ranks (launch.mode: ray).
-    run = tmp_path / "train-run"
+    bucket = s3.make_bucket("ray-job-runs")
+    run = f"{bucket}/train-run"
     trained = submit(
         url,
         env,
         *("python", "-m", "trainer", "configs/train_clip.yaml"),
         *(f"--set=data.manifest={out / 'manifest.json'}", f"--set=run.output={run}"),
         *("--set=data.batch_size=4", "--set=data.workers=0", "--set=run.max_steps=3"),
-        *("--set=launch.mode=ray", "--set=launch.workers=2"),
+        *("--set=launch.mode=ray", "--set=launch.workers=2", "--set=run.sample_log=true"),
     )
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
+    fs = s3.filesystem()
+    root = run.removeprefix("s3://")
+    summary = json.loads(fs.cat_file(f"{root}/summary.json"))
     assert summary["world"] == 2 and summary["steps"] == 3 and summary["samples"] == 3 * 2 * 4
-    assert (run / "checkpoints" / "step-3.pt").is_file()
+    assert summary["checkpoint"] == f"{run}/checkpoints/step-3.pt" and fs.isfile(
+        f"{root}/checkpoints/step-3.pt"
+    )
+    for rank in (0, 1):  # each rank uploads its own sample log
+        lines = fs.cat_file(f"{root}/samples/rank-{rank}.jsonl").splitlines()
+        assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
 
     wrong_token = {**env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     refused = submit(url, wrong_token, "python", "-c", "print('should not run')")

@@ -373,3 +373,40 @@ def test_resume_drops_log_lines_written_after_the_checkpoint(tmp_path):
     trim_log(log, 5)
     assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3, 4, 5]
     trim_log(tmp_path / "missing.jsonl", 5)  # nothing to trim
+
+
+def test_a_run_on_object_storage_checkpoints_and_resumes_there(
+    manifest_path, s3, s3_bucket, tmp_path, monkeypatch
+):
+    """run.output on S3: checkpoints and logs land there. A resume on another machine (here
+    another HOME, so an empty local mirror) continues from the stored checkpoint, and the
+    stored logs go on from it with no line lost or repeated."""
+    output = f"s3://{s3_bucket}/runs/tiny"
+    run = {"checkpoint_every": 2, "sample_log": True}
+    config = tree(manifest_path, output, max_steps=4, **run) | {
+        "storage_options": s3.storage_options
+    }
+    monkeypatch.setenv("HOME", str(tmp_path / "machine-a"))
+    first = train(TrainConfig.model_validate(config))
+    assert first["checkpoint"] == f"{output}/checkpoints/step-4.pt"
+
+    fs = s3.filesystem()
+    root = f"{s3_bucket}/runs/tiny"
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{root}/checkpoints")) == [
+        "step-2.pt",
+        "step-4.pt",
+    ]
+    monkeypatch.setenv("HOME", str(tmp_path / "machine-b"))
+    config["run"] |= {"max_steps": 6, "resume": True}
+    second = train(TrainConfig.model_validate(config))
+    assert second["steps"] == 6 and second["samples"] == 6 * 16
+
+    fs.invalidate_cache()
+    rows = [json.loads(x) for x in fs.cat_file(f"{root}/metrics.jsonl").decode().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    steps = [json.loads(x) for x in fs.cat_file(f"{root}/samples/rank-0.jsonl").splitlines()]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    summary = json.loads(fs.cat_file(f"{root}/summary.json"))
+    assert summary == second and summary["checkpoint"] == f"{output}/checkpoints/step-6.pt"
+    resumed = load_checkpoint(summary["checkpoint"], s3.storage_options)
+    assert resumed["step"] == 6 and resumed["loader"]["samples_seen"] == 96

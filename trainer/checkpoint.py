@@ -1,52 +1,76 @@
-"""Atomic training checkpoints: `<output>/checkpoints/step-<N>.pt`."""
+"""Atomic training checkpoints: `<output>/checkpoints/step-<N>.pt`, on a local disk or on object
+storage (any fsspec URL: s3://, gs://, ...)."""
 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeline.storage import filesystem, is_local, join, with_retries
+
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
-def checkpoint_path(output: str | Path, step: int) -> Path:
-    return Path(output) / "checkpoints" / f"step-{step}.pt"
+def checkpoint_path(output: str, step: int) -> str:
+    return join(str(output), "checkpoints", f"step-{step}.pt")
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> Path:
-    """Write `state` with torch.save to a temp file, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+def save_checkpoint(url: str, state: dict[str, Any], storage_options: dict | None = None) -> str:
+    """Write `state` with torch.save so that readers never see half a file: a local file is
+    written under a temporary name and renamed; an object store publishes an object only
+    when its upload completes."""
+    fs, path = filesystem(url, storage_options)
+    if is_local(fs):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.tmp-{os.getpid()}"
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    else:
+        with_retries(lambda: upload(fs, path, state))
+    return url
 
 
-def checkpoint_step(path: Path) -> int:
+def upload(fs: Any, path: str, state: dict[str, Any]) -> None:
+    with fs.open(path, "wb") as out:  # streamed as a multipart upload
+        torch.save(state, out)
+
+
+def checkpoint_step(url: str) -> int:
     """The step in a checkpoint's name (`step-<N>.pt`)."""
-    match = _NAME.match(path.name)
+    match = _NAME.match(posixpath.basename(str(url)))
     if not match:
-        raise ValueError(f"not a checkpoint name: {path.name}")
+        raise ValueError(f"not a checkpoint name: {url}")
     return int(match.group(1))
 
 
-def latest_checkpoint(output: str | Path) -> Path | None:
+def latest_checkpoint(output: str, storage_options: dict | None = None) -> str | None:
     """The checkpoint with the highest step in `<output>/checkpoints`, or None."""
-    folder = Path(output) / "checkpoints"
-    found = [
-        (int(m.group(1)), p)
-        for p in (folder.iterdir() if folder.is_dir() else [])
-        if (m := _NAME.match(p.name))
-    ]
-    return max(found)[1] if found else None
+    folder = join(str(output), "checkpoints")
+    fs, path = filesystem(folder, storage_options)
+    fs.invalidate_cache(path)  # another run may have written since this process listed it
+    try:
+        names = [posixpath.basename(name) for name in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return None
+    found = [(int(m.group(1)), name) for name in names if (m := _NAME.match(name))]
+    return join(folder, max(found)[1]) if found else None
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    # weights_only: our checkpoints hold only tensors and plain Python values.
-    return torch.load(path, map_location="cpu", weights_only=True)
+def checkpoint_exists(url: str, storage_options: dict | None = None) -> bool:
+    fs, path = filesystem(url, storage_options)
+    return fs.isfile(path)
+
+
+def load_checkpoint(url: str, storage_options: dict | None = None) -> dict[str, Any]:
+    fs, path = filesystem(str(url), storage_options)
+    with fs.open(path, "rb") as f:
+        # weights_only: our checkpoints hold only tensors and plain Python values.
+        return torch.load(f, map_location="cpu", weights_only=True)

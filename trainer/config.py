@@ -88,7 +88,7 @@ class OptimConfig(_Section):
 
 
 class RunConfig(_Section):
-    output: str  # local run folder: metrics.jsonl, checkpoints/
+    output: str  # run folder, local or a URL (s3://...): metrics.jsonl, checkpoints/
     max_steps: int | None = Field(None, gt=0)  # when set, wins over epochs (data repeats)
     epochs: int = Field(1, gt=0)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast on CUDA only
@@ -100,10 +100,7 @@ class RunConfig(_Section):
 
     @field_validator("output")
     @classmethod
-    def _local_only(cls, value: str) -> str:
-        # Why: checkpoints use os.replace for atomicity; object-store output comes later.
-        if "://" in value and not value.startswith("file://"):
-            raise ValueError("only local paths are supported for now")
+    def _output(cls, value: str) -> str:
         return value.removeprefix("file://")
 
 
@@ -120,7 +117,7 @@ class TrainConfig(_Section):
     optim: OptimConfig = OptimConfig()
     run: RunConfig
     launch: LaunchConfig = LaunchConfig()
-    storage_options: dict[str, Any] = {}  # fsspec options for the manifest and shards
+    storage_options: dict[str, Any] = {}  # fsspec options: manifest, shards, a URL run.output
 
     def redacted(self) -> dict[str, Any]:
         """The resolved config as plain data, secrets in storage_options replaced by '***'."""

@@ -2,8 +2,8 @@
 
 Ray Train starts `launch.workers` processes across the cluster, forms the torch process group
 (gloo on CPU, NCCL on GPU) and sets RANK / LOCAL_RANK / WORLD_SIZE, so each worker simply runs
-`train()`, exactly as under torchrun. Rank 0 writes metrics and checkpoints to `run.output` on
-its node: on a multi-node cluster, point it at a shared filesystem.
+`train()`, exactly as under torchrun. Rank 0 writes metrics and checkpoints to `run.output`:
+on a multi-node cluster, make it an object-store URL (s3://...) or a shared filesystem.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.storage import filesystem, join
 from trainer.config import TrainConfig
+from trainer.outputs import is_remote
 
 
 def train_worker(config: dict[str, Any]) -> None:
@@ -35,15 +37,18 @@ def launch_ray(cfg: TrainConfig) -> dict[str, Any]:
     if gpus is None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
     resources = {"CPU": cfg.launch.cpus_per_worker} | ({"GPU": gpus} if gpus else {})
+    # Ray Train's own run records (we report no checkpoints to it) beside a local run.output;
+    # for a URL they stay in Ray's default folder on the node that drives the run.
+    remote = is_remote(cfg.run.output)
+    storage = None if remote else str(Path(cfg.run.output).resolve() / "ray")
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"cfg": cfg.model_dump(mode="json")},
         scaling_config=ScalingConfig(
             num_workers=cfg.launch.workers, use_gpu=bool(gpus), resources_per_worker=resources
         ),
-        run_config=RunConfig(
-            name="mmcurate-train", storage_path=str(Path(cfg.run.output).resolve() / "ray")
-        ),
+        run_config=RunConfig(name="mmcurate-train", storage_path=storage),
     )
     trainer.fit()
-    return json.loads((Path(cfg.run.output) / "summary.json").read_text())
+    fs, path = filesystem(join(cfg.run.output, "summary.json"), cfg.storage_options)
+    return json.loads(fs.cat_file(path))

@@ -7,7 +7,8 @@ the end. Each line covers the steps since the previous one: `loss` is their mean
 rank 0 spent waiting for the next batch (near 0: compute-bound; near 1: the input pipeline is
 the bottleneck). `samples` and `step` are totals. Checkpoints go to
 `<run.output>/checkpoints/step-<N>.pt` and hold the loader's position: a resumed run sees
-exactly the samples the stopped one had not yet trained on.
+exactly the samples the stopped one had not yet trained on. `run.output` may be an object-store
+URL (trainer/outputs.py says how its logs get there).
 
 Distributed: under torchrun (or Ray Train, trainer/launch.py) every rank runs `train`; the
 process group comes from the environment, gloo on CPU and NCCL on GPU.
@@ -36,7 +37,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from pipeline.config_io import ConfigError
+from pipeline.storage import join
 from trainer.checkpoint import (
+    checkpoint_exists,
     checkpoint_path,
     checkpoint_step,
     latest_checkpoint,
@@ -47,6 +50,7 @@ from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
 from trainer.manifest import Manifest, read_manifest
 from trainer.models import build_model
+from trainer.outputs import start_logs, upload_logs
 from trainer.plan import batches_per_rank
 
 log = logging.getLogger(__name__)
@@ -322,7 +326,7 @@ def loader_state(
 
 def save_state(
     parts: Parts, state: LoopState, cfg: TrainConfig, world: int, manifest_samples: int
-) -> Path:
+) -> str:
     """Checkpoint model, optimizer, schedule, loader position and the resolved config."""
     return save_checkpoint(
         checkpoint_path(cfg.run.output, state.step),
@@ -336,15 +340,16 @@ def save_state(
             "loader": loader_state(state, cfg, world, manifest_samples),
             "config": cfg.redacted(),
         },
+        cfg.storage_options,
     )
 
 
 def restore_state(
-    parts: Parts, path: Path, cfg: TrainConfig, world: int, manifest_samples: int
+    parts: Parts, path: str, cfg: TrainConfig, world: int, manifest_samples: int
 ) -> LoopState:
     """Load a checkpoint into `parts` and return where the data continues. Mid-epoch, the
     loader layout must match the one that wrote it (else the plan would differ)."""
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, cfg.storage_options)
     saved = ckpt["loader"]
     now = loader_state(LoopState(), cfg, world, manifest_samples)
     changed = [k for k in LOADER_LAYOUT if saved.get(k, now[k]) != now[k]]
@@ -391,9 +396,11 @@ class Trainer:
         place: Dist,
         metrics: IO[str] | None,
         sample_log: IO[str] | None = None,
+        logs: Path | None = None,
     ) -> None:
         self.cfg, self.parts, self.dataset, self.loader = cfg, parts, dataset, loader
         self.place, self.metrics, self.sample_log = place, metrics, sample_log
+        self.logs = logs  # this rank's log folder (run.output, or its mirror for a URL)
         self.board: Any = None  # a TensorBoard SummaryWriter on rank 0 (run.tensorboard)
         self.state = LoopState()
         self.meter = Meter()
@@ -401,7 +408,7 @@ class Trainer:
         self.first_loss: float | None = None
         self.last_loss: torch.Tensor | None = None
         self.last_lr = 0.0
-        self.checkpoint: Path | None = None
+        self.checkpoint: str | None = None  # the newest checkpoint written (a path or URL)
         # A progress bar on rank 0's terminal only (tqdm turns itself off off a TTY).
         off = None if place.rank == 0 else True
         self.bar = tqdm(total=cfg.run.max_steps, unit="step", desc="train", disable=off)
@@ -473,6 +480,17 @@ class Trainer:
             )
         else:
             self.checkpoint = checkpoint_path(self.cfg.run.output, self.state.step)
+        self.upload_logs()
+
+    def upload_logs(self) -> None:
+        """For a URL output: this rank's logs so far, beside the checkpoint they lead to."""
+        if self.logs is not None:
+            for stream in (self.metrics, self.sample_log):
+                if stream:
+                    stream.flush()
+            if self.board:
+                self.board.flush()
+            upload_logs(self.cfg.run.output, self.logs, self.place.rank, self.cfg.storage_options)
 
     def log(self, lr: float) -> None:
         row = self.meter.flush(self.state) | {"lr": lr}
@@ -567,22 +585,22 @@ def make_dataset(
     )
 
 
-def previous_checkpoint(cfg: TrainConfig, output: Path, place: Dist) -> Path | None:
+def previous_checkpoint(cfg: TrainConfig, output: str, place: Dist) -> str | None:
     """The checkpoint to resume from, chosen by rank 0 for every rank (each must read it)."""
-    previous = latest_checkpoint(output) if place.rank == 0 else None
+    previous = latest_checkpoint(output, cfg.storage_options) if place.rank == 0 else None
     if previous and not cfg.run.resume:
         log.warning(
             "%s holds checkpoints of an earlier run; starting fresh (run.resume=false)", output
         )
         previous = None
     if place.world > 1:
-        chosen = [str(previous) if previous else None]
+        chosen = [previous]
         dist.broadcast_object_list(chosen, src=0)
-        previous = Path(chosen[0]) if chosen[0] else None
-        if previous and not previous.is_file():
+        previous = chosen[0]
+        if previous and not checkpoint_exists(previous, cfg.storage_options):
             raise ConfigError(
                 f"run.output: rank {place.rank} cannot read {previous}; resuming needs "
-                "run.output on a filesystem every node shares"
+                "run.output on object storage or a filesystem every node shares"
             )
     return previous
 
@@ -611,8 +629,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         tensorboard_writer(Path(cfg.run.output))  # fails fast, before any model is built
     place = setup_distributed()
     torch.manual_seed(cfg.data.seed)  # the same initial weights on every rank
-    output = Path(cfg.run.output)
-    output.mkdir(parents=True, exist_ok=True)
+    output = cfg.run.output
     sources = read_sources(cfg)
     total = sum(round(weight * sum(s.samples for s in m.shards)) for m, weight in sources)
     batches = batches_per_rank(total, place.world, cfg.data.batch_size, cfg.optim.accum_freq)
@@ -629,22 +646,23 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     hold = None if cuda else cfg.optim.accum_freq + 1
     loader = make_loader(dataset, cfg.data.workers, pin_memory=cuda, hold=hold)
     previous = previous_checkpoint(cfg, output, place)
+    logs = start_logs(output, place.rank, bool(previous), cfg.storage_options)
     mode = "a" if previous else "w"
-    sample_path = output / "samples" / f"rank-{place.rank}.jsonl"
+    sample_path = logs / "samples" / f"rank-{place.rank}.jsonl"
     if previous:
-        for path in (output / "metrics.jsonl", sample_path):
+        for path in (logs / "metrics.jsonl", sample_path):
             trim_log(path, checkpoint_step(previous))
     with contextlib.ExitStack() as files:
         metrics = (
-            files.enter_context(open(output / "metrics.jsonl", mode)) if place.rank == 0 else None
+            files.enter_context(open(logs / "metrics.jsonl", mode)) if place.rank == 0 else None
         )
         sample_log = None
         if cfg.run.sample_log:
-            (output / "samples").mkdir(exist_ok=True)
+            (logs / "samples").mkdir(exist_ok=True)
             sample_log = files.enter_context(open(sample_path, mode))
-        trainer = Trainer(cfg, parts, dataset, loader, place, metrics, sample_log)
+        trainer = Trainer(cfg, parts, dataset, loader, place, metrics, sample_log, logs)
         if cfg.run.tensorboard and place.rank == 0:
-            trainer.board = tensorboard_writer(output)
+            trainer.board = tensorboard_writer(logs)
             files.callback(trainer.board.close)
         if previous:
             trainer.state = restore_state(parts, previous, cfg, place.world, total)
@@ -664,10 +682,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "first_loss": trainer.first_loss,
         "last_loss": last,
         "device": str(place.device),
-        "output": str(output),
-        "metrics": str(output / "metrics.jsonl"),
-        "checkpoint": str(trainer.checkpoint) if trainer.checkpoint else None,
+        "output": output,
+        "metrics": join(output, "metrics.jsonl"),
+        "checkpoint": trainer.checkpoint,
     }
     if place.rank == 0:
-        (output / "summary.json").write_text(json.dumps(summary))
+        (logs / "summary.json").write_text(json.dumps(summary))
+    upload_logs(output, logs, place.rank, cfg.storage_options)
     return summary
