@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -68,6 +69,11 @@ RAY_RECIPE = [
     "configs/demo.yaml",
     "ray stop",
 ]
+NO_TOKEN_REQUEST = (
+    'python -c "import urllib.request, urllib.error\n'
+    "try: urllib.request.urlopen('http://127.0.0.1:8265/api/version')\n"
+    "except urllib.error.HTTPError as e: print('without the token:', e.code)\""
+)
 LAION_INGEST = (
     ".venv/bin/mmcurate build configs/laion_ingest.yaml --set source.path=laion-part-00000.parquet"
     " --set source.url_column=URL --set source.caption_column=TEXT"
@@ -148,12 +154,25 @@ def checkout(tmp_path) -> Path:
 
 
 def run_documented(command: str, checkout: Path, env: dict[str, str]) -> str:
-    """Runs `command` as a user's shell would; returns its output, failing on a non-zero exit."""
-    result = subprocess.run(
-        command, shell=True, cwd=checkout, env=env, capture_output=True, text=True, timeout=900
+    """Runs `command` as a user's shell would; returns its output, failing on a non-zero exit.
+    Past its time limit the shell's process group, started here, is killed by its id."""
+    shell = subprocess.Popen(
+        command,
+        shell=True,
+        cwd=checkout,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{command}\n{output[-3000:]}"
+    try:
+        output, _ = shell.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(shell.pid, signal.SIGKILL)
+        output, _ = shell.communicate()
+        pytest.fail(f"{command}: still running after 900 s\n{output[-3000:]}")
+    assert shell.returncode == 0, f"{command}\n{output[-3000:]}"
     return output
 
 
@@ -274,14 +293,17 @@ def test_ray_recipe_runs_as_written(user_env, checkout):
     make_demo_images(home / ".cache/mmcurate/demo/images", n=40, exact_copies=2, broken=1)
     ray_tmp = tempfile.mkdtemp(prefix="rayrecipe-", dir="/tmp")  # short: unix socket paths
     env = {**user_env, "RAY_TMPDIR": ray_tmp}  # not /tmp/ray, which the session's Ray uses
-    script = "set -e\n" + "\n".join(RAY_RECIPE)
+    # The recipe's lines in order; before `ray stop`, one line of the test's own: a request
+    # without the token must be refused (401).
+    script = "\n".join(["set -e", *RAY_RECIPE[:-1], NO_TOKEN_REQUEST, RAY_RECIPE[-1]])
     inside = f"ip link set lo up && exec bash -c {shlex.quote(script)}"
-    namespaces = "unshare --user --map-root-user --net --pid --fork --mount-proc"
+    # --kill-child: if this shell is killed, the namespace and all in it go too.
+    namespaces = "unshare --user --map-root-user --net --pid --fork --mount-proc --kill-child"
     try:
         output = run_documented(f"{namespaces} bash -c {shlex.quote(inside)}", checkout, env)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert "succeeded" in output and "Token authentication is disabled" not in output
+    assert "succeeded" in output and "without the token: 401" in output
     build = home / ".cache/mmcurate/demo/build"
     stats = json.loads((build / "stats.json").read_text())
     manifest = json.loads((build / "manifest.json").read_text())

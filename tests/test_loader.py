@@ -229,7 +229,9 @@ def test_a_failing_loader_worker_fails_the_training_loop(tmp_path, tiny_transfor
 def test_an_endless_stream_without_a_full_batch_is_refused(tmp_path, tiny_transform):
     manifest_path = write_uneven_shards(tmp_path, sizes=(10,))
     dataset = ShardDataset(read_manifest(str(manifest_path)), *tiny_transform, batch_size=16)
-    with pytest.raises(ValueError, match="no full batch of 16 in an epoch of 10 samples"):
+    with pytest.raises(
+        ValueError, match=r"no full step \(1 batches of 16\) in an epoch of 10 samples"
+    ):
         dataset.set_epoch(0, epochs=None)
     dataset.set_epoch(0, epochs=1)  # one epoch of nothing ends at once
     assert list(dataset) == []

@@ -46,9 +46,11 @@ def ray_head(tmp_path, s3):
     """A `ray start --head --block` child with token auth, its workers given the session S3's
     endpoint and keys (as a cluster's nodes have theirs); stopped by its pid."""
     token = secrets.token_hex(32)
+    (tmp_path / "home").mkdir()
     env = {
         **os.environ,
         **s3.env(),
+        "HOME": str(tmp_path / "home"),  # the jobs' ~/.cache (training's log mirrors)
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": token,
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
@@ -156,6 +158,8 @@ def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp
     assert summary["checkpoint"] == f"{run}/checkpoints/step-3.pt" and fs.isfile(
         f"{root}/checkpoints/step-3.pt"
     )
+    metrics = fs.cat_file(f"{root}/metrics.jsonl").splitlines()
+    assert [json.loads(x)["step"] for x in metrics] == [1, 3]  # log_every 10, and the end
     for rank in (0, 1):  # each rank uploads its own sample log
         lines = fs.cat_file(f"{root}/samples/rank-{rank}.jsonl").splitlines()
         assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]

@@ -181,6 +181,20 @@ def test_resume_continues_from_latest_checkpoint(trained, manifest_path, tmp_pat
     assert load_checkpoint(output / "checkpoints" / "step-32.pt")["step"] == 32
 
 
+def test_a_mid_epoch_resume_with_another_layout_names_the_difference(
+    trained, manifest_path, tmp_path
+):
+    _, first_run = trained
+    (tmp_path / "checkpoints").mkdir()
+    src = first_run / "checkpoints" / "step-30.pt"  # 6 batches into epoch 2
+    (tmp_path / "checkpoints" / "step-30.pt").write_bytes(src.read_bytes())
+    run = {"max_steps": 32, "resume": True}
+    config = tree(manifest_path, tmp_path, **run)
+    config["data"]["batch_size"] = 8
+    with pytest.raises(ConfigError, match="step-30.pt stopped mid-epoch with batch_size=16"):
+        train(TrainConfig.model_validate(config))
+
+
 def test_epoch_run_logs_and_checkpoints_the_final_step(manifest_path, tmp_path):
     cfg = TrainConfig.model_validate(tree(manifest_path, tmp_path, epochs=1, log_every=5))
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"workers": 0})})
@@ -410,3 +424,16 @@ def test_a_run_on_object_storage_checkpoints_and_resumes_there(
     assert summary == second and summary["checkpoint"] == f"{output}/checkpoints/step-6.pt"
     resumed = load_checkpoint(summary["checkpoint"], s3.storage_options)
     assert resumed["step"] == 6 and resumed["loader"]["samples_seen"] == 96
+
+
+def test_a_checkpoint_that_fails_midway_leaves_nothing(s3, s3_bucket, tmp_path):
+    """torch.save raising partway (here: an object it cannot pickle, after a large tensor)
+    publishes no object and leaves no temporary file, on S3 as on a local disk."""
+    from trainer.checkpoint import latest_checkpoint, save_checkpoint
+
+    state = {"model": torch.zeros(1_000_000), "bad": lambda: None}
+    for output in (f"s3://{s3_bucket}/run", str(tmp_path / "run")):
+        with pytest.raises(Exception, match="pickle|lambda"):
+            save_checkpoint(f"{output}/checkpoints/step-1.pt", state, s3.storage_options, tmp_path)
+        assert latest_checkpoint(output, s3.storage_options) is None
+    assert list(tmp_path.rglob("*.tmp-*")) == []

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.storage import filesystem, is_local, join, with_retries
+from pipeline.storage import filesystem, is_local, join, put_file_atomic
 
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 
@@ -19,28 +21,30 @@ def checkpoint_path(output: str, step: int) -> str:
     return join(str(output), "checkpoints", f"step-{step}.pt")
 
 
-def save_checkpoint(url: str, state: dict[str, Any], storage_options: dict | None = None) -> str:
-    """Write `state` with torch.save so that readers never see half a file: a local file is
-    written under a temporary name and renamed; an object store publishes an object only
-    when its upload completes."""
+def save_checkpoint(
+    url: str,
+    state: dict[str, Any],
+    storage_options: dict | None = None,
+    staging: Path | None = None,
+) -> str:
+    """Write `state` with torch.save so that readers never see half a checkpoint: a local
+    file is written under a temporary name and renamed; for object storage it is written
+    whole to `staging` (a local folder) and then uploaded, and a store publishes an object
+    only when its upload completes. A save that fails midway leaves nothing behind."""
     fs, path = filesystem(url, storage_options)
-    if is_local(fs):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.tmp-{os.getpid()}"
-        try:
-            torch.save(state, tmp)
+    local = is_local(fs)
+    folder = Path(os.path.dirname(path)) if local else Path(staging or tempfile.gettempdir())
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{posixpath.basename(path)}.tmp-{os.getpid()}"
+    try:
+        torch.save(state, tmp)
+        if local:
             os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    else:
-        with_retries(lambda: upload(fs, path, state))
+        else:
+            put_file_atomic(fs, str(tmp), path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return url
-
-
-def upload(fs: Any, path: str, state: dict[str, Any]) -> None:
-    with fs.open(path, "wb") as out:  # streamed as a multipart upload
-        torch.save(state, out)
 
 
 def checkpoint_step(url: str) -> int:

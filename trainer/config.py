@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.config_io import load_yaml, validate
+from pipeline.storage import absolute
 
 _SIZE_UNITS = {
     "": 1,
@@ -101,7 +102,9 @@ class RunConfig(_Section):
     @field_validator("output")
     @classmethod
     def _output(cls, value: str) -> str:
-        return value.removeprefix("file://")
+        # Local paths resolved (~, relative) where the config loads, as for builds: every
+        # rank, and a Ray Train worker with another working folder, writes to the same place.
+        return absolute(value.removeprefix("file://"))
 
 
 class LaunchConfig(_Section):

@@ -249,8 +249,9 @@ class ShardDataset(IterableDataset):
         endless). Why before iter(loader): the workers copy these values when they start."""
         if epochs is None and self.batches_per_epoch() == 0:  # would spin, yielding nothing
             raise ValueError(
-                f"no full batch of {self.batch_size} in an epoch of {self.epoch_samples} samples "
-                f"on each of {self.world} ranks: an endless stream would never yield"
+                f"no full step ({self.step_batches} batches of {self.batch_size}) in an epoch of "
+                f"{self.epoch_samples} samples for each of {self.world} ranks: an endless stream "
+                "would never yield"
             )
         self.epoch, self.epochs = epoch, epochs
 

@@ -1,11 +1,12 @@
 """Where a run's files live: `run.output`, a local folder or an object-store URL.
 
-A local folder is written in place. For a URL (s3://, gs://, ...) checkpoints go straight to
-it (trainer/checkpoint.py), while the logs, which grow line by line and which object stores
-cannot append to, are written to a local mirror per rank and uploaded whole with every
-checkpoint and at the end. A resume downloads them first, so the logs continue where the
-checkpoint left off, on any machine. Each rank owns its files: rank 0 `metrics.jsonl`,
-`summary.json` and `tensorboard/`; rank r `samples/rank-<r>.jsonl`.
+A local folder is written in place. For a URL (s3://, gs://, ...) checkpoints are uploaded
+whole (trainer/checkpoint.py), while the logs, which grow line by line and which object
+stores cannot append to, are written to a local mirror per rank and uploaded (the files that
+changed, each whole) before every checkpoint and at the end. A resume downloads them first,
+so the logs continue where the checkpoint left off, on any machine. Each rank owns its
+files: rank 0 `metrics.jsonl`, `summary.json` and `tensorboard/`; rank r
+`samples/rank-<r>.jsonl`.
 """
 
 from __future__ import annotations
@@ -24,51 +25,57 @@ def is_remote(output: str) -> bool:
     return "://" in output
 
 
-def log_folder(output: str, rank: int) -> Path:
-    """The folder this rank writes its logs to: `output` itself, or its local mirror."""
-    if not is_remote(output):
-        return Path(output)
-    digest = hashlib.sha256(output.encode()).hexdigest()[:16]
-    return MIRRORS.expanduser() / digest / f"rank-{rank}"
+class RunLogs:
+    """One rank's log folder: `run.output` itself, or its local mirror for a URL."""
 
+    def __init__(self, output: str, rank: int, storage_options: dict[str, Any]) -> None:
+        self.output, self.rank, self.storage_options = output, rank, storage_options
+        self.remote = is_remote(output)
+        digest = hashlib.sha256(output.encode()).hexdigest()[:16]
+        mirror = MIRRORS.expanduser() / digest / f"rank-{rank}"
+        self.folder = mirror if self.remote else Path(output)
+        self.sent: dict[Path, tuple[int, int]] = {}  # file -> (size, mtime) uploaded
 
-def owned(logs: Path, rank: int) -> list[Path]:
-    """The log files of `rank` under `logs` (relative paths)."""
-    if rank != 0:
-        names = [Path("samples") / f"rank-{rank}.jsonl"]
-    else:
-        names = [Path("metrics.jsonl"), Path("summary.json"), Path("samples/rank-0.jsonl")]
-        board = logs / "tensorboard"
-        names += [p.relative_to(logs) for p in board.rglob("*") if p.is_file()]
-    return [name for name in names if (logs / name).is_file()]
+    def start(self, resume: bool) -> None:
+        """Ready for the run: for a URL, an emptied mirror holding the stored logs when the
+        run resumes."""
+        if self.remote:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder.mkdir(parents=True)
+            if resume:
+                self.download()
+        self.folder.mkdir(parents=True, exist_ok=True)
 
+    def owned(self) -> list[Path]:
+        """This rank's log files (relative paths) that exist."""
+        names = [Path("samples") / f"rank-{self.rank}.jsonl"]
+        if self.rank == 0:
+            names += [Path("metrics.jsonl"), Path("summary.json")]
+            board = self.folder / "tensorboard"
+            names += [p.relative_to(self.folder) for p in board.rglob("*") if p.is_file()]
+        return [name for name in names if (self.folder / name).is_file()]
 
-def start_logs(output: str, rank: int, resume: bool, storage_options: dict[str, Any]) -> Path:
-    """This rank's log folder, ready for the run: for a URL, an emptied mirror, holding the
-    stored logs when the run resumes."""
-    logs = log_folder(output, rank)
-    if is_remote(output):
-        shutil.rmtree(logs, ignore_errors=True)
-        if resume:
-            download_logs(output, logs, rank, storage_options)
-    logs.mkdir(parents=True, exist_ok=True)
-    return logs
+    def download(self) -> None:
+        fs, root = filesystem(self.output, self.storage_options)
+        names = [f"samples/rank-{self.rank}.jsonl"] + (["metrics.jsonl"] if self.rank == 0 else [])
+        for name in names:
+            if fs.isfile(join(root, name)):
+                (self.folder / name).parent.mkdir(parents=True, exist_ok=True)
+                with_retries(lambda n=name: fs.get_file(join(root, n), str(self.folder / n)))
 
+    def upload(self) -> None:
+        """For a URL output: this rank's log files that changed since the last upload."""
+        if not self.remote:
+            return
+        fs, root = filesystem(self.output, self.storage_options)
+        for name in self.owned():
+            stat = (self.folder / name).stat()
+            if self.sent.get(name) != (stat.st_size, stat.st_mtime_ns):
+                put_file_atomic(fs, str(self.folder / name), join(root, name.as_posix()))
+                self.sent[name] = (stat.st_size, stat.st_mtime_ns)
 
-def download_logs(output: str, logs: Path, rank: int, storage_options: dict[str, Any]) -> None:
-    fs, root = filesystem(output, storage_options)
-    names = ["metrics.jsonl"] if rank == 0 else []
-    names.append(f"samples/rank-{rank}.jsonl")
-    for name in names:
-        if fs.isfile(join(root, name)):
-            (logs / name).parent.mkdir(parents=True, exist_ok=True)
-            with_retries(lambda name=name: fs.get_file(join(root, name), str(logs / name)))
-
-
-def upload_logs(output: str, logs: Path, rank: int, storage_options: dict[str, Any]) -> None:
-    """Upload this rank's logs to a URL output (each file whole: readers never see half)."""
-    if not is_remote(output):
-        return
-    fs, root = filesystem(output, storage_options)
-    for name in owned(logs, rank):
-        put_file_atomic(fs, str(logs / name), join(root, name.as_posix()))
+    def finish(self) -> None:
+        """The last upload; the mirror is then no longer needed."""
+        if self.remote:
+            self.upload()
+            shutil.rmtree(self.folder, ignore_errors=True)

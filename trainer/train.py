@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import posixpath
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
 from trainer.manifest import Manifest, read_manifest
 from trainer.models import build_model
-from trainer.outputs import start_logs, upload_logs
+from trainer.outputs import RunLogs
 from trainer.plan import batches_per_rank
 
 log = logging.getLogger(__name__)
@@ -325,7 +326,12 @@ def loader_state(
 
 
 def save_state(
-    parts: Parts, state: LoopState, cfg: TrainConfig, world: int, manifest_samples: int
+    parts: Parts,
+    state: LoopState,
+    cfg: TrainConfig,
+    world: int,
+    manifest_samples: int,
+    staging: Path | None = None,
 ) -> str:
     """Checkpoint model, optimizer, schedule, loader position and the resolved config."""
     return save_checkpoint(
@@ -341,6 +347,7 @@ def save_state(
             "config": cfg.redacted(),
         },
         cfg.storage_options,
+        staging,
     )
 
 
@@ -357,7 +364,8 @@ def restore_state(
         was = ", ".join(f"{k}={saved.get(k)}" for k in changed)
         got = ", ".join(f"{k}={now[k]}" for k in changed)
         raise ConfigError(
-            f"run.resume: {path.name} stopped mid-epoch with {was}; an exact resume needs the "
+            f"run.resume: {posixpath.basename(path)} stopped mid-epoch with {was}; an exact "
+            f"resume needs the "
             f"same loader layout (now {got})"
         )
     parts.core.load_state_dict(ckpt["model"])
@@ -395,12 +403,12 @@ class Trainer:
         loader: Any,
         place: Dist,
         metrics: IO[str] | None,
-        sample_log: IO[str] | None = None,
-        logs: Path | None = None,
+        sample_log: IO[str] | None,
+        logs: RunLogs,
     ) -> None:
         self.cfg, self.parts, self.dataset, self.loader = cfg, parts, dataset, loader
         self.place, self.metrics, self.sample_log = place, metrics, sample_log
-        self.logs = logs  # this rank's log folder (run.output, or its mirror for a URL)
+        self.logs = logs
         self.board: Any = None  # a TensorBoard SummaryWriter on rank 0 (run.tensorboard)
         self.state = LoopState()
         self.meter = Meter()
@@ -473,24 +481,29 @@ class Trainer:
             self.save()
 
     def save(self) -> None:
+        """Checkpoint this step (rank 0). For a URL output every rank first uploads its logs:
+        a stop between the two then leaves logs past the newest checkpoint, which a resume
+        trims, never a checkpoint past the logs, which would lose their lines."""
+        if self.logs.remote:
+            self.upload_logs()
+            if self.place.world > 1:
+                dist.barrier()
         if self.place.rank == 0:
             samples = self.dataset.epoch_samples
             self.checkpoint = save_state(
-                self.parts, self.state, self.cfg, self.place.world, samples
+                self.parts, self.state, self.cfg, self.place.world, samples, self.logs.folder
             )
         else:
             self.checkpoint = checkpoint_path(self.cfg.run.output, self.state.step)
-        self.upload_logs()
 
     def upload_logs(self) -> None:
-        """For a URL output: this rank's logs so far, beside the checkpoint they lead to."""
-        if self.logs is not None:
-            for stream in (self.metrics, self.sample_log):
-                if stream:
-                    stream.flush()
-            if self.board:
-                self.board.flush()
-            upload_logs(self.cfg.run.output, self.logs, self.place.rank, self.cfg.storage_options)
+        """For a URL output: this rank's logs so far."""
+        for stream in (self.metrics, self.sample_log):
+            if stream:
+                stream.flush()
+        if self.board:
+            self.board.flush()
+        self.logs.upload()
 
     def log(self, lr: float) -> None:
         row = self.meter.flush(self.state) | {"lr": lr}
@@ -646,23 +659,25 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     hold = None if cuda else cfg.optim.accum_freq + 1
     loader = make_loader(dataset, cfg.data.workers, pin_memory=cuda, hold=hold)
     previous = previous_checkpoint(cfg, output, place)
-    logs = start_logs(output, place.rank, bool(previous), cfg.storage_options)
+    logs = RunLogs(output, place.rank, cfg.storage_options)
+    logs.start(resume=bool(previous))
+    folder = logs.folder  # run.output, or this rank's local mirror of a URL
     mode = "a" if previous else "w"
-    sample_path = logs / "samples" / f"rank-{place.rank}.jsonl"
+    sample_path = folder / "samples" / f"rank-{place.rank}.jsonl"
     if previous:
-        for path in (logs / "metrics.jsonl", sample_path):
+        for path in (folder / "metrics.jsonl", sample_path):
             trim_log(path, checkpoint_step(previous))
     with contextlib.ExitStack() as files:
         metrics = (
-            files.enter_context(open(logs / "metrics.jsonl", mode)) if place.rank == 0 else None
+            files.enter_context(open(folder / "metrics.jsonl", mode)) if place.rank == 0 else None
         )
         sample_log = None
         if cfg.run.sample_log:
-            (logs / "samples").mkdir(exist_ok=True)
+            (folder / "samples").mkdir(exist_ok=True)
             sample_log = files.enter_context(open(sample_path, mode))
         trainer = Trainer(cfg, parts, dataset, loader, place, metrics, sample_log, logs)
         if cfg.run.tensorboard and place.rank == 0:
-            trainer.board = tensorboard_writer(logs)
+            trainer.board = tensorboard_writer(folder)
             files.callback(trainer.board.close)
         if previous:
             trainer.state = restore_state(parts, previous, cfg, place.world, total)
@@ -687,6 +702,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "checkpoint": trainer.checkpoint,
     }
     if place.rank == 0:
-        (logs / "summary.json").write_text(json.dumps(summary))
-    upload_logs(output, logs, place.rank, cfg.storage_options)
+        (folder / "summary.json").write_text(json.dumps(summary))
+    logs.finish()
     return summary
