@@ -70,6 +70,7 @@ def train_overrides(root: Path, s3: LocalS3, steps: int) -> list[str]:
         f"data.manifest=s3://{BUCKET}/build/manifest.json",
         f"storage_options={json.dumps(s3.storage_options)}",
         f"run.output={root / 'train'}",
+        "run.overwrite=true",  # the demo reruns from scratch
         f"run.max_steps={steps}",
         "run.log_every=5",
         "data.batch_size=32",

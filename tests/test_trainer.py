@@ -437,3 +437,22 @@ def test_a_checkpoint_that_fails_midway_leaves_nothing(s3, s3_bucket, tmp_path):
             save_checkpoint(f"{output}/checkpoints/step-1.pt", state, s3.storage_options, tmp_path)
         assert latest_checkpoint(output, s3.storage_options) is None
     assert list(tmp_path.rglob("*.tmp-*")) == []
+
+
+def test_a_run_already_in_the_output_is_refused_unless_resumed_or_overwritten(
+    manifest_path, tmp_path
+):
+    def config(**run) -> TrainConfig:
+        tree_ = tree(manifest_path, tmp_path, log_every=1, **run)
+        tree_["data"]["workers"] = 0
+        return TrainConfig.model_validate(tree_)
+
+    train(config(max_steps=3))
+    with pytest.raises(ConfigError, match=r"holds a run \(newest checkpoint step-3.pt\)"):
+        train(config(max_steps=2))
+    train(config(max_steps=2, overwrite=True))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2.pt"]
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    with pytest.raises(ValueError, match="resume and overwrite exclude each other"):
+        config(max_steps=2, overwrite=True, resume=True)

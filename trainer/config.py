@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.config_io import load_yaml, validate
 from pipeline.storage import absolute
@@ -96,8 +96,15 @@ class RunConfig(_Section):
     log_every: int = Field(10, gt=0)
     checkpoint_every: int | None = Field(None, gt=0)
     resume: bool = False  # continue from the newest checkpoint in output, if any
+    overwrite: bool = False  # replace a run already in output (its checkpoints and logs)
     sample_log: bool = False  # write samples/rank-<r>.jsonl: the keys of every step's batch
     tensorboard: bool = False  # also log the metrics rows to <output>/tensorboard (rank 0)
+
+    @model_validator(mode="after")
+    def _one_of_resume_overwrite(self) -> RunConfig:
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: choose one")
+        return self
 
     @field_validator("output")
     @classmethod

@@ -79,3 +79,16 @@ class RunLogs:
         if self.remote:
             self.upload()
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "samples", "tensorboard")
+
+
+def remove_run(output: str, storage_options: dict[str, Any]) -> None:
+    """Delete the files a run wrote to `output` (run.overwrite); nothing else there."""
+    fs, root = filesystem(output, storage_options)
+    for name in RUN_FILES:
+        path = join(root, name)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+    fs.invalidate_cache(root)

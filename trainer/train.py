@@ -51,7 +51,7 @@ from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
 from trainer.manifest import Manifest, read_manifest
 from trainer.models import build_model
-from trainer.outputs import RunLogs
+from trainer.outputs import RunLogs, remove_run
 from trainer.plan import batches_per_rank
 
 log = logging.getLogger(__name__)
@@ -599,23 +599,34 @@ def make_dataset(
 
 
 def previous_checkpoint(cfg: TrainConfig, output: str, place: Dist) -> str | None:
-    """The checkpoint to resume from, chosen by rank 0 for every rank (each must read it)."""
-    previous = latest_checkpoint(output, cfg.storage_options) if place.rank == 0 else None
-    if previous and not cfg.run.resume:
-        log.warning(
-            "%s holds checkpoints of an earlier run; starting fresh (run.resume=false)", output
-        )
-        previous = None
-    if place.world > 1:
-        chosen = [previous]
-        dist.broadcast_object_list(chosen, src=0)
-        previous = chosen[0]
-        if previous and not checkpoint_exists(previous, cfg.storage_options):
-            raise ConfigError(
-                f"run.output: rank {place.rank} cannot read {previous}; resuming needs "
-                "run.output on object storage or a filesystem every node shares"
+    """The checkpoint to resume from, chosen by rank 0 for every rank (each must read it).
+    A run already in `output` is continued only with run.resume, replaced only with
+    run.overwrite, and otherwise refused: starting afresh beside its checkpoints would let
+    a later resume pick up the old run's."""
+    chosen, problem = None, None
+    if place.rank == 0:
+        chosen = latest_checkpoint(output, cfg.storage_options)
+        if chosen and cfg.run.overwrite:
+            remove_run(output, cfg.storage_options)
+            chosen = None
+        elif chosen and not cfg.run.resume:
+            problem = (
+                f"run.output: {output} holds a run (newest checkpoint "
+                f"{posixpath.basename(chosen)}); set run.resume=true to continue it or "
+                "run.overwrite=true to replace it"
             )
-    return previous
+    if place.world > 1:
+        shared = [chosen, problem]
+        dist.broadcast_object_list(shared, src=0)
+        chosen, problem = shared
+    if problem:
+        raise ConfigError(problem)
+    if chosen and not checkpoint_exists(chosen, cfg.storage_options):
+        raise ConfigError(
+            f"run.output: rank {place.rank} cannot read {chosen}; resuming needs "
+            "run.output on object storage or a filesystem every node shares"
+        )
+    return chosen
 
 
 def trim_log(path: Path, step: int) -> None:
@@ -643,6 +654,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     place = setup_distributed()
     torch.manual_seed(cfg.data.seed)  # the same initial weights on every rank
     output = cfg.run.output
+    previous = previous_checkpoint(cfg, output, place)  # before the model: fails fast
     sources = read_sources(cfg)
     total = sum(round(weight * sum(s.samples for s in m.shards)) for m, weight in sources)
     batches = batches_per_rank(total, place.world, cfg.data.batch_size, cfg.optim.accum_freq)
@@ -658,7 +670,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     cuda = place.device.type == "cuda"
     hold = None if cuda else cfg.optim.accum_freq + 1
     loader = make_loader(dataset, cfg.data.workers, pin_memory=cuda, hold=hold)
-    previous = previous_checkpoint(cfg, output, place)
     logs = RunLogs(output, place.rank, cfg.storage_options)
     logs.start(resume=bool(previous))
     folder = logs.folder  # run.output, or this rank's local mirror of a URL
