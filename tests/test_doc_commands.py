@@ -89,7 +89,8 @@ ELSEWHERE = {
     f"{LAION_INGEST} --set output.path=laion-256": INTERNET,
     ".venv/bin/torchrun --nproc-per-node=8 -m trainer configs/train_clip.yaml --set data.manifest="
     "s3://bucket/laion-256-dedup/manifest.json --set model.name=ViT-B-32 --set data.cache_dir="
-    "/nvme/mmcurate-cache --set data.cache_limit=500GB --set run.output=runs/b32 --set "
+    "/nvme/mmcurate-cache --set data.cache_limit=500GB --set run.output=s3://bucket/runs/b32 "
+    "--set "
     "run.checkpoint_every=1000 --set run.precision=bf16": "8 GPUs; tests/test_loader.py runs"
     " torchrun with 2 CPU ranks",
     "export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...": "placeholders for your keys",

@@ -9,7 +9,6 @@ on a multi-node cluster, make it an object-store URL (s3://...) or a shared file
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from pipeline.storage import filesystem, join
@@ -37,18 +36,30 @@ def launch_ray(cfg: TrainConfig) -> dict[str, Any]:
     if gpus is None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
     resources = {"CPU": cfg.launch.cpus_per_worker} | ({"GPU": gpus} if gpus else {})
-    # Ray Train's own run records (we report no checkpoints to it) beside a local run.output;
-    # for a URL they stay in Ray's default folder on the node that drives the run.
-    remote = is_remote(cfg.run.output)
-    storage = None if remote else str(Path(cfg.run.output).resolve() / "ray")
+    storage, storage_filesystem = ray_storage(cfg)
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"cfg": cfg.model_dump(mode="json")},
         scaling_config=ScalingConfig(
             num_workers=cfg.launch.workers, use_gpu=bool(gpus), resources_per_worker=resources
         ),
-        run_config=RunConfig(name="mmcurate-train", storage_path=storage),
+        run_config=RunConfig(
+            name="mmcurate-train", storage_path=storage, storage_filesystem=storage_filesystem
+        ),
     )
     trainer.fit()
     fs, path = filesystem(join(cfg.run.output, "summary.json"), cfg.storage_options)
     return json.loads(fs.cat_file(path))
+
+
+def ray_storage(cfg: TrainConfig) -> tuple[str, Any]:
+    """Where Ray Train keeps its own run records (we report no checkpoints to it):
+    `<run.output>/ray`, on a local disk or on the store through fsspec (so that
+    storage_options, an endpoint for one, apply)."""
+    url = join(cfg.run.output, "ray")
+    if not is_remote(url):
+        return url, None
+    import pyarrow.fs
+
+    fs, path = filesystem(url, cfg.storage_options)
+    return path, pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))
