@@ -158,6 +158,8 @@ def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp
     assert summary["checkpoint"] == f"{run}/checkpoints/step-3.pt" and fs.isfile(
         f"{root}/checkpoints/step-3.pt"
     )
+    ray_records = fs.find(f"{root}/ray/mmcurate-train")  # Ray Train's own, beside the run
+    assert ray_records, fs.find(root)
     metrics = fs.cat_file(f"{root}/metrics.jsonl").splitlines()
     assert [json.loads(x)["step"] for x in metrics] == [1, 3]  # log_every 10, and the end
     for rank in (0, 1):  # each rank uploads its own sample log
