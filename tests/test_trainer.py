@@ -425,6 +425,13 @@ def test_a_run_on_object_storage_checkpoints_and_resumes_there(
     resumed = load_checkpoint(summary["checkpoint"], s3.storage_options)
     assert resumed["step"] == 6 and resumed["loader"]["samples_seen"] == 96
 
+    config["run"] |= {"max_steps": 2, "resume": False, "overwrite": True}  # replaced whole
+    train(TrainConfig.model_validate(config))
+    fs.invalidate_cache()
+    assert [p.rsplit("/", 1)[1] for p in fs.ls(f"{root}/checkpoints")] == ["step-2.pt"]
+    steps = [json.loads(x) for x in fs.cat_file(f"{root}/samples/rank-0.jsonl").splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+
 
 def test_a_checkpoint_that_fails_midway_leaves_nothing(s3, s3_bucket, tmp_path):
     """torch.save raising partway (here: an object it cannot pickle, after a large tensor)

@@ -16,13 +16,20 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline.storage import filesystem, join, put_file_atomic, with_retries
+from pipeline.storage import (
+    filesystem,
+    join,
+    protocol_of,
+    put_file_atomic,
+    remove_tree,
+    with_retries,
+)
 
 MIRRORS = Path("~/.cache/mmcurate/runs")
 
 
 def is_remote(output: str) -> bool:
-    return "://" in output
+    return protocol_of(output) != "file"
 
 
 class RunLogs:
@@ -41,10 +48,9 @@ class RunLogs:
         run resumes."""
         if self.remote:
             shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder.mkdir(parents=True)
-            if resume:
-                self.download()
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.remote and resume:
+            self.download()
 
     def owned(self) -> list[Path]:
         """This rank's log files (relative paths) that exist."""
@@ -88,7 +94,5 @@ def remove_run(output: str, storage_options: dict[str, Any]) -> None:
     """Delete the files a run wrote to `output` (run.overwrite); nothing else there."""
     fs, root = filesystem(output, storage_options)
     for name in RUN_FILES:
-        path = join(root, name)
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        remove_tree(fs, join(root, name))
     fs.invalidate_cache(root)

@@ -365,8 +365,7 @@ def restore_state(
         got = ", ".join(f"{k}={now[k]}" for k in changed)
         raise ConfigError(
             f"run.resume: {posixpath.basename(path)} stopped mid-epoch with {was}; an exact "
-            f"resume needs the "
-            f"same loader layout (now {got})"
+            f"resume needs the same loader layout (now {got})"
         )
     parts.core.load_state_dict(ckpt["model"])
     parts.optimizer.load_state_dict(ckpt["optimizer"])
