@@ -62,7 +62,9 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
     if not file.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        tree = yaml.safe_load(file.read_text()) or {}
+        tree = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(tree, dict):

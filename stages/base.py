@@ -8,6 +8,7 @@ reaches the driver as a signature row, so drop counts are exact and a rerun can 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any, ClassVar
@@ -32,6 +33,18 @@ def frame_column(index: int) -> str:
 def is_media_column(column: str) -> bool:
     """Columns holding media bytes: they go into tars, never into the signatures."""
     return column in IMAGE_COLUMNS or column in VIDEO_COLUMNS or bool(FRAME_COLUMN.match(column))
+
+
+def sample_meta(text: str | bytes | None) -> dict[str, Any]:
+    """A sample's `json` member as a dict; {} when absent, not JSON, or not a JSON object.
+    Sources drop such samples as `bad_json`; stages still never trust the member."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 DROP = "__drop__"

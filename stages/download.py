@@ -1,20 +1,25 @@
 """download: fetch each sample's `url` concurrently inside the task (threads, keep-alive).
 
 Failures are drop reasons: `http_404`, `http_500` (after retries), `timeout`, `too_large`,
-`not_image`, `robots_optout`, `bad_scheme`, `private_address`, `dns_error`,
-`connection_error`, `too_many_redirects`, `no_url`.
+`not_image`, `robots_optout`, `bad_url`, `bad_scheme`, `bad_redirect`, `private_address`,
+`dns_error`, `ssl_error`, `connection_error`, `too_many_redirects`, `no_url`, and
+`fetch_error` for anything unforeseen (logged): one URL never stops the build.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pydantic import Field
 
-from stages.base import IMAGE_COLUMNS, Batch, Stage, StageOptions, register
+from stages.base import IMAGE_COLUMNS, Batch, Stage, StageOptions, register, sample_meta
 from stages.http_fetch import Connections, Fetched, FetchPolicy, fetch
+
+log = logging.getLogger(__name__)
 
 
 class DownloadOptions(StageOptions):
@@ -24,6 +29,9 @@ class DownloadOptions(StageOptions):
     backoff_s: float = Field(0.5, ge=0, description="Base of the exponential backoff (jittered).")
     max_bytes: int = Field(20_000_000, gt=0, description="Larger bodies drop as `too_large`.")
     max_redirects: int = Field(5, ge=0)
+    max_url_chars: int = Field(
+        8192, gt=0, description="Longer URLs and redirect targets drop as `bad_url`."
+    )
     threads: int = Field(32, gt=0, description="Concurrent downloads per task.")
     user_agent: str = "mmcurate/0.1 (+https://github.com/mmcurate/mmcurate)"
     allow_private_addresses: bool = Field(
@@ -48,22 +56,30 @@ class Download(Stage):
         self.executor = ThreadPoolExecutor(opts.threads, thread_name_prefix="download")
 
     def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
-        urls = batch.get("url") or [None] * len(batch["__key__"])
+        size = len(batch["__key__"])
+        urls = batch.get("url") or [None] * size
         results = list(self.executor.map(self.fetch_one, urls))
         for col in IMAGE_COLUMNS:
             batch[col] = [r.data if r and r.column == col else None for r in results]
-        batch["json"] = [
-            add_status(meta, r) for meta, r in zip(batch["json"], results, strict=True)
-        ]
+        metas = batch.get("json") or [None] * size
+        batch["json"] = [add_status(meta, r) for meta, r in zip(metas, results, strict=True)]
         return batch, [r.reason if r else "no_url" for r in results]
 
-    def fetch_one(self, url: str | None) -> Fetched | None:
-        return fetch(self.conns, url, self.policy) if url else None
+    def fetch_one(self, url: Any) -> Fetched | None:
+        """One row's fetch; None when it has no URL. Never raises: whatever goes wrong with one
+        URL becomes that row's drop reason."""
+        try:
+            if url is None or (isinstance(url, str | bytes) and not url.strip()):
+                return None
+            return fetch(self.conns, url, self.policy)
+        except Exception:  # a bug or an http.client corner we do not know: drop, log, go on
+            log.warning("download of %.200r failed unexpectedly", url, exc_info=True)
+            return Fetched(reason="fetch_error")
 
 
-def add_status(meta: str | None, result: Fetched | None) -> str:
+def add_status(meta: str | bytes | None, result: Fetched | None) -> str:
     """img2dataset's per-sample fields: status, http status, error, sha256 of the bytes."""
-    fields = json.loads(meta) if meta else {}
+    fields = sample_meta(meta)
     if result is not None:
         fields.update(
             status="success" if result.reason is None else "failed_to_download",

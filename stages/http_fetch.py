@@ -7,7 +7,6 @@ Redirects are followed by hand so that each hop is checked (scheme, private addr
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import random
 import socket
 import ssl
@@ -17,10 +16,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import SplitResult, quote, urljoin, urlsplit
+
+from stages.url_guard import Failed, Target, parse_url, redirect_target, vet_addresses
 
 REDIRECTS = {301, 302, 303, 307, 308}
-SAFE_PATH = "/%;:@&=+$,!~*'()[]"
 RETRYABLE = {429, 500, 502, 503, 504}
 # Leading bytes of the image formats we accept -> the WebDataset column they go into.
 SIGNATURES = (
@@ -42,6 +41,7 @@ class FetchPolicy:
     backoff_s: float = 0.5
     max_bytes: int = 20_000_000
     max_redirects: int = 5
+    max_url_chars: int = 8192  # longer URLs (and redirect targets) drop as `bad_url`
     user_agent: str = "mmcurate/0.1"
     allow_private_addresses: bool = False
     disallowed_directives: tuple[str, ...] = ("noai", "noimageai", "noindex", "noimageindex")
@@ -56,14 +56,6 @@ class Fetched:
     attempts: int = 0
 
 
-class Failed(Exception):
-    """A fetch attempt ended with a named reason; `retry` says whether trying again may help."""
-
-    def __init__(self, reason: str, retry: bool = False, status: int | None = None) -> None:
-        super().__init__(reason)
-        self.reason, self.retry, self.status = reason, retry, status
-
-
 def sniff(data: bytes) -> str | None:
     """The image column for these bytes, or None when they are not a known image format."""
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
@@ -71,30 +63,11 @@ def sniff(data: bytes) -> str | None:
     return next((col for magic, col in SIGNATURES if data.startswith(magic)), None)
 
 
-def check_address(host: str, port: int) -> tuple[str, ...]:
-    """The host's addresses, refusing loopback, private, link-local and reserved ones."""
-    try:
-        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        raise Failed("dns_error") from None
-    addresses = tuple(dict.fromkeys(info[4][0] for info in infos))
-    for text in addresses:
-        if not ipaddress.ip_address(text.split("%")[0]).is_global:
-            raise Failed("private_address")
-    return addresses
-
-
-def check_url(url: str, policy: FetchPolicy) -> tuple[str, ...] | None:
-    """Refuse bad schemes and (guard on) private targets; returns the vetted addresses, which
-    the connection must then use, so a second DNS answer cannot point it elsewhere."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise Failed("bad_scheme")
-    if not parts.hostname:
-        raise Failed("bad_url")
-    if policy.allow_private_addresses:
-        return None
-    return check_address(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+def check_url(url: object, policy: FetchPolicy) -> tuple[str, ...] | None:
+    """Refuse bad URLs and schemes and (guard on) private targets; returns the vetted
+    addresses, which the connection must then use, so a second DNS answer cannot point it
+    elsewhere."""
+    return vet_addresses(parse_url(url, policy.max_url_chars), policy.allow_private_addresses)
 
 
 def pinned_connector(addresses: tuple[str, ...]) -> Callable[..., socket.socket]:
@@ -191,24 +164,19 @@ def read_body(response: http.client.HTTPResponse, policy: FetchPolicy, deadline:
         chunks.append(chunk)
 
 
-def request_target(parts: SplitResult) -> str:
-    """Path and query, percent-encoding what http.client refuses (spaces, non-ASCII)."""
-    target = quote(parts.path or "/", safe=SAFE_PATH)
-    return f"{target}?{quote(parts.query, safe=SAFE_PATH)}" if parts.query else target
-
-
 def exchange(
-    conns: Connections, url: str, policy: FetchPolicy, addresses: tuple[str, ...] | None = None
+    conns: Connections,
+    target: Target,
+    policy: FetchPolicy,
+    addresses: tuple[str, ...] | None = None,
 ) -> tuple[int, str | None, bytes]:
     """One request (a stale kept-alive connection is retried once on a fresh one)."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    origin = (parts.scheme, parts.hostname, port)
+    origin = target.origin
     headers = {"User-Agent": policy.user_agent, "Accept": "image/*,*/*;q=0.8"}
     for _ in range(2):
         conn, reused = conns.take(*origin, policy, addresses)
         try:
-            conn.request("GET", request_target(parts), headers=headers)
+            conn.request("GET", target.path, headers=headers)
             response = conn.getresponse()
         except (
             http.client.RemoteDisconnected,
@@ -255,12 +223,17 @@ def finish(
     return response.status, location, body
 
 
-def attempt(conns: Connections, url: str, policy: FetchPolicy) -> tuple[bytes, int]:
-    """One attempt, following redirects; returns (body, status) or raises Failed."""
+def attempt(conns: Connections, url: object, policy: FetchPolicy) -> tuple[bytes, int]:
+    """One attempt, following redirects (each hop vetted again); returns (body, status) or
+    raises Failed."""
+    target, seen = parse_url(url, policy.max_url_chars), set()
     for _ in range(policy.max_redirects + 1):
-        addresses = check_url(url, policy)
+        if target.url in seen:  # a loop: no point asking again (we send no cookies)
+            break
+        seen.add(target.url)
+        addresses = vet_addresses(target, policy.allow_private_addresses)
         try:
-            status, location, body = exchange(conns, url, policy, addresses)
+            status, location, body = exchange(conns, target, policy, addresses)
         except TimeoutError:
             raise Failed("timeout") from None
         except ssl.SSLError:
@@ -272,7 +245,7 @@ def attempt(conns: Connections, url: str, policy: FetchPolicy) -> tuple[bytes, i
         except (http.client.HTTPException, OSError):
             raise Failed("connection_error", retry=True) from None
         if location is not None:
-            url = urljoin(url, location)
+            target = redirect_target(target, location, policy.max_url_chars)
             continue
         if status != 200:
             raise Failed(f"http_{status}", retry=status in RETRYABLE, status=status)
@@ -280,8 +253,9 @@ def attempt(conns: Connections, url: str, policy: FetchPolicy) -> tuple[bytes, i
     raise Failed("too_many_redirects")
 
 
-def fetch(conns: Connections, url: str, policy: FetchPolicy) -> Fetched:
-    """Fetch `url`: retries (exponential backoff, full jitter) only where it may help."""
+def fetch(conns: Connections, url: object, policy: FetchPolicy) -> Fetched:
+    """Fetch `url` (any value: a non-string is `bad_url`): retries (exponential backoff, full
+    jitter) only where they may help."""
     for tries in range(1, policy.retries + 2):
         try:
             data, status = attempt(conns, url, policy)

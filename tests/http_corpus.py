@@ -58,6 +58,8 @@ class Corpus(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.files: dict[str, tuple[bytes, str, dict]] = {}  # path -> (body, type, headers)
         self.hits: Counter[str] = Counter()
+        self.redirects: dict[str, tuple[int, str]] = {}  # path -> (status, raw Location)
+        self.connections = 0  # accepted TCP connections, whether or not a request followed
         self.release = threading.Event()  # lets stalled handlers finish at shutdown
 
     @property
@@ -67,6 +69,16 @@ class Corpus(ThreadingHTTPServer):
     def serve(self, path: str, body: bytes, ctype: str = "image/jpeg", **headers: str) -> str:
         self.files[path] = (body, ctype, headers)
         return self.base + path
+
+    def redirect(self, path: str, location: str, status: int = 302) -> str:
+        """Answer `path` with a redirect to `location`, sent byte for byte (UTF-8), however
+        malformed it is."""
+        self.redirects[path] = (status, location)
+        return self.base + path
+
+    def process_request(self, request, client_address) -> None:
+        self.connections += 1
+        super().process_request(request, client_address)
 
     def handle_error(self, request, client_address) -> None:
         pass  # clients hang up on purpose (too_large, robots, timeouts): not a test failure
@@ -99,6 +111,14 @@ class Handler(BaseHTTPRequestHandler):
             if hits == 1:
                 return self.reply(code, b"busy", "text/plain")
             return self.reply(200, *self.server.files["/img/good"][:2])
+        if path in self.server.redirects:
+            code, location = self.server.redirects[path]
+            location = location.encode().decode("latin-1")  # send_header encodes latin-1
+            return self.reply(code, b"", "text/plain", Location=location)
+        if path.startswith("/chain/"):  # /chain/3 -> /chain/2 -> ... -> /chain/0 -> the image
+            left = int(path.rsplit("/", 1)[1])
+            target = f"/chain/{left - 1}" if left else "/img/good"
+            return self.reply(302, b"", "text/plain", Location=target)
         if path == "/loop":
             return self.reply(302, b"", "text/plain", Location="/loop")
         if path == "/redirect-ok":

@@ -117,3 +117,21 @@ def test_cli_missing_config_file():
     result = run_cli("build", "no-such-config.yaml")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: config file not found: no-such-config.yaml"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"source:\n  kind: images\n  path: /tmp/\xff\xfe\n",  # Latin-1 bytes, not UTF-8
+        b"\xff\xfes\x00o\x00u\x00r\x00c\x00e\x00",  # UTF-16 with a byte-order mark
+        b"\x89PNG\r\n\x1a\n\x00\x00",  # a binary file given by mistake
+    ],
+)
+@pytest.mark.parametrize("command", ["build", "train"])
+def test_cli_config_not_utf8_is_one_line(tmp_path, content, command):
+    config = tmp_path / "bad.yaml"
+    config.write_bytes(content)
+    result = run_cli(command, str(config))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith(f"error: {config}: not UTF-8"), lines

@@ -101,14 +101,16 @@ def test_connections_dial_only_the_vetted_addresses(corpus):
     `pinned.invalid` never resolves, yet the request reaches the loopback server, with the
     URL's host in the Host header (so a second DNS answer could not redirect it)."""
     from stages.http_fetch import exchange
+    from stages.url_guard import parse_url
 
     corpus.serve("/img/good", photo_bytes())
-    url = f"http://pinned.invalid:{corpus.server_address[1]}/img/good"
+    target = parse_url(f"http://pinned.invalid:{corpus.server_address[1]}/img/good")
     policy = FetchPolicy(allow_private_addresses=True)
-    status, _, body = exchange(Connections(), url, policy, addresses=("127.0.0.1",))
+    status, _, body = exchange(Connections(), target, policy, addresses=("127.0.0.1",))
     assert status == 200 and body == corpus.files["/img/good"][0]
     with pytest.raises(OSError):  # no vetted address: nothing is dialled
-        exchange(Connections(), url, policy, addresses=())
+        exchange(Connections(), target, policy, addresses=())
+    assert corpus.connections == 1
 
 
 def test_tls_to_a_plain_http_server_is_ssl_error(corpus):
