@@ -3,6 +3,12 @@
 Samples keep the source order: sorted by (partition, index). Shards are filled greedily up
 to `shard_max_samples` samples and `shard_max_bytes` bytes (a single larger sample gets a shard
 of its own). Names are `shard-000000.tar`, ..., so the same input gives the same layout.
+
+Every shard's metadata parquet has the same schema, decided before any shard is written from
+all candidates' metadata (`plan_metadata_fields`): `key`, `caption`, then each JSON field,
+typed bool, int64, float64 (ints and floats mixed) or string; a field whose values are lists
+or objects, or whose types conflict, is a string column of JSON text; an always-null field
+is a string column. So `pyarrow.dataset` and duckdb read `shard-*.parquet` as one table.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.mapreduce import Runner
 from pipeline.storage import filesystem, join, put_file_atomic, with_retries, write_parquet
+from stages.base import sample_meta
 
 TAR_END_BYTES = 1024  # two zero blocks close a tar
 
@@ -91,22 +99,29 @@ def spec_metadata(candidates_url: str, spec: dict, storage_options: dict) -> lis
     """Per-sample metadata rows of the spec's samples, from the candidates' metadata tables."""
     rows: list[dict[str, Any]] = []
     for part, spans in spec["parts"]:
-        fs, path = filesystem(join(candidates_url, metadata_name(part)), storage_options)
-        blob = with_retries(lambda: fs.cat_file(path))  # noqa: B023
-        by_key = {r["__key__"]: r for r in pq.read_table(io.BytesIO(blob)).to_pylist()}
+        by_key = {
+            r["__key__"]: r for r in read_candidate_metadata(candidates_url, part, storage_options)
+        }
         rows.extend(metadata_row(by_key[key]) for key, _, _ in spans)
     return rows
 
 
+def read_candidate_metadata(candidates_url: str, part: int, storage_options: dict) -> list[dict]:
+    fs, path = filesystem(join(candidates_url, metadata_name(part)), storage_options)
+    blob = with_retries(lambda: fs.cat_file(path))
+    return pq.read_table(io.BytesIO(blob)).to_pylist()
+
+
 def metadata_row(record: dict[str, Any]) -> dict[str, Any]:
-    meta = json.loads(record["json"]) if record.get("json") else {}
     row = {"key": record["__key__"], "caption": record.get("txt")}
-    row.update({k: v for k, v in meta.items() if k not in row})
+    row.update({k: v for k, v in sample_meta(record.get("json")).items() if k not in row})
     return row
 
 
 def write_shard(spec: dict, candidates_url: str, output_url: str, storage_options: dict) -> dict:
-    """Write one final shard atomically; returns its manifest entry."""
+    """Write one final shard atomically; returns its manifest entry. The metadata parquet
+    takes its columns from `spec["fields"]` (the build's one schema, plan_metadata_fields);
+    without it, from this shard's own rows."""
     with tempfile.TemporaryDirectory(prefix="mmcurate-shard-") as tmp:
         local = os.path.join(tmp, spec["name"])
         with open(local, "wb") as out:
@@ -118,26 +133,101 @@ def write_shard(spec: dict, candidates_url: str, output_url: str, storage_option
         put_file_atomic(fs, local, path)
         metadata = spec_metadata(candidates_url, spec, storage_options)
         meta_url = join(output_url, spec["name"].removesuffix(".tar") + ".parquet")
-        write_parquet(metadata_table(metadata), meta_url, storage_options)
+        write_parquet(metadata_table(metadata, spec.get("fields")), meta_url, storage_options)
     return {"name": spec["name"], "samples": spec["samples"], "bytes": size, "sha256": digest}
 
 
-def metadata_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Scalar JSON values keep their type; lists, dicts and mixed columns become JSON text."""
-    names = sorted({name for row in rows for name in row}, key=lambda n: (n != "key", n))
-    if not names:
-        return pa.table({"key": pa.array([], pa.string())})
-    return pa.table({name: metadata_column([row.get(name) for row in rows]) for name in names})
+# ---- one metadata schema for all shards of a build ---------------------------------------
+
+ARROW_TYPES = {
+    "bool": pa.bool_(),
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "string": pa.string(),
+    "json": pa.string(),  # values written as JSON text
+    "null": pa.string(),
+}
+INT64 = (-(2**63), 2**63 - 1)
 
 
-def metadata_column(values: list[Any]) -> pa.Array:
-    try:
-        array = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        array = None
-    if array is None or pa.types.is_nested(array.type):
-        array = pa.array([None if v is None else json.dumps(v) for v in values])
-    return array
+def value_kind(value: Any) -> str:
+    """The field kind of one JSON value (ints beyond int64 only fit as JSON text)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int" if INT64[0] <= value <= INT64[1] else "json"
+    if isinstance(value, float):
+        return "float"
+    return "string" if isinstance(value, str) else "json"
+
+
+def merge_kind(a: str, b: str) -> str:
+    if a == b or b == "null":
+        return a
+    if a == "null":
+        return b
+    return "float" if {a, b} == {"int", "float"} else "json"
+
+
+def merge_fields(fields: dict[str, str], more: dict[str, str]) -> dict[str, str]:
+    merged = dict(fields)
+    for name, kind in more.items():
+        merged[name] = merge_kind(merged.get(name, "null"), kind)
+    return merged
+
+
+def row_fields(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Field kinds over metadata rows; `key` and `caption` are always text."""
+    fields = {"key": "string", "caption": "string"}
+    for row in rows:
+        fields = merge_fields(fields, {name: value_kind(v) for name, v in row.items()})
+    return fields
+
+
+def part_fields(candidates_url: str, parts: list[int], storage_options: dict) -> dict[str, str]:
+    """Field kinds of some partitions' candidate metadata (a task body)."""
+    fields: dict[str, str] = {}
+    for part in parts:
+        rows = [
+            metadata_row(r) for r in read_candidate_metadata(candidates_url, part, storage_options)
+        ]
+        fields = merge_fields(fields, row_fields(rows))
+    return fields
+
+
+def plan_metadata_fields(
+    candidates_url: str, parts: list[int], storage_options: dict, runner: Runner
+) -> dict[str, str]:
+    """The build's metadata fields, from every listed partition's candidates, in tasks of a
+    few partitions each; pass the result as each shard spec's `fields`."""
+    per_task = max(1, -(-len(parts) // (4 * runner.parallelism)))
+    calls = [
+        (candidates_url, parts[i : i + per_task], storage_options)
+        for i in range(0, len(parts), per_task)
+    ]
+    fields = row_fields([])
+    for found in runner.run(part_fields, calls):
+        fields = merge_fields(fields, found)
+    return fields
+
+
+def metadata_table(rows: list[dict[str, Any]], fields: dict[str, str] | None = None) -> pa.Table:
+    """Rows as a table with the given field kinds (else the rows' own): `key` first, the rest
+    sorted by name. JSON-kind columns hold JSON text; a row missing a field holds null."""
+    fields = row_fields(rows) if fields is None else fields
+    names = sorted(fields, key=lambda n: (n != "key", n))
+    return pa.table(
+        {name: metadata_column([row.get(name) for row in rows], fields[name]) for name in names},
+        schema=pa.schema([(name, ARROW_TYPES[fields[name]]) for name in names]),
+    )
+
+
+def metadata_column(values: list[Any], kind: str) -> pa.Array:
+    if kind == "json":
+        values = [None if v is None else json.dumps(v, ensure_ascii=False) for v in values]
+    return pa.array(values, ARROW_TYPES[kind])
 
 
 def file_sha256(path: str) -> str:

@@ -15,9 +15,10 @@ from typing import Any
 
 from pipeline.config import SourceConfig
 from pipeline.config_io import ConfigError
-from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
+from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
 from pipeline.source_urls import FORMATS, read_table
 from pipeline.storage import filesystem, protocol_of, with_protocol
+from pipeline.tario import safe_key
 from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Batch
 
 VIDEO_EXTS = set(VIDEO_COLUMNS)
@@ -39,7 +40,8 @@ def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
     entries = []
     for path in files:
         rel = path[len(root) + 1 :] if root else path
-        entries.append({"rel": rel, "key": sanitize_key(rel.rpartition(".")[0]), "txt": True})
+        entries.append({"rel": rel, "key": safe_key(rel.rpartition(".")[0]), "txt": True})
+    disambiguate_keys(entries)
     size = cfg.files_per_task
     return [
         {
@@ -51,6 +53,17 @@ def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
         }
         for i, start in enumerate(range(0, len(entries), size))
     ]
+
+
+def disambiguate_keys(entries: list[dict[str, Any]]) -> None:
+    """`a.jpg` and `a.png` share a stem (and `a b` and `a_b` a readable form): every key
+    of such a group becomes the key of its whole relative path, which is unique."""
+    seen: dict[str, int] = {}
+    for entry in entries:
+        seen[entry["key"]] = seen.get(entry["key"], 0) + 1
+    for entry in entries:
+        if seen[entry["key"]] > 1:
+            entry["key"] = safe_key(entry["rel"])
 
 
 def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:

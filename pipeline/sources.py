@@ -20,6 +20,7 @@ from pipeline.source_urls import plan_urls, read_urls
 from pipeline.source_videos import (
     GLOB_CHARS,
     VIDEO_EXTS,
+    disambiguate_keys,
     is_list_file,
     plan_video_glob,
     plan_video_list,
@@ -32,7 +33,7 @@ from pipeline.storage import (
     with_protocol,
     with_retries,
 )
-from pipeline.tario import EXT_ALIASES, iter_tar_samples
+from pipeline.tario import EXT_ALIASES, iter_tar_samples, safe_key, text_name
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Batch
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
@@ -57,7 +58,7 @@ def plan_images(
         rel = path[len(root) + 1 :]
         stem = rel.rpartition(".")[0]
         caption = f"{root}/{stem}.txt"
-        entries.append({"rel": rel, "key": sanitize_key(stem), "txt": caption in texts})
+        entries.append({"rel": rel, "key": safe_key(stem), "txt": caption in texts})
     disambiguate_keys(entries)
     size = cfg.files_per_task
     return [
@@ -70,16 +71,6 @@ def plan_images(
         }
         for i, start in enumerate(range(0, len(entries), size))
     ]
-
-
-def disambiguate_keys(entries: list[dict[str, Any]]) -> None:
-    """`a.jpg` and `a.png` share a stem: suffix the extension so keys stay unique."""
-    seen: dict[str, int] = {}
-    for entry in entries:
-        seen[entry["key"]] = seen.get(entry["key"], 0) + 1
-    for entry in entries:
-        if seen[entry["key"]] > 1:
-            entry["key"] = sanitize_key(entry["rel"])
 
 
 def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
@@ -97,7 +88,7 @@ def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
         path = f"{root}/{entry['rel']}"
         caption_path = f"{root}/{entry['rel'].rpartition('.')[0]}.txt"
         sample = image_sample(entry, blobs.get(path), blobs.get(caption_path))
-        sample.update({"__part__": part["part"], "__index__": index, "__source__": path})
+        sample.update({"__part__": part["part"], "__index__": index, "__source__": text_name(path)})
         append_sample(batch, sample)
     return batch
 
@@ -111,7 +102,8 @@ def read_or_error(fs: Any, path: str) -> bytes | Exception:
 
 def image_sample(entry: dict[str, Any], data: Any, caption: Any) -> dict[str, Any]:
     ext = entry["rel"].rpartition(".")[2].lower()
-    sample: dict[str, Any] = {"__key__": entry["key"], "json": json.dumps({"source": entry["rel"]})}
+    source = text_name(entry["rel"])
+    sample: dict[str, Any] = {"__key__": entry["key"], "json": json.dumps({"source": source})}
     if isinstance(data, Exception) or data is None:
         return sample | {DROP: "read_error", DROP_STAGE: SOURCE}
     sample[EXT_ALIASES.get(ext, ext)] = data
@@ -177,7 +169,7 @@ def with_damage_row(batch: Batch, part: dict[str, Any], path: str, err: Exceptio
             "__key__": f"{stem}_damaged",
             "__part__": part["part"],
             "__index__": len(batch["__key__"]),
-            "__source__": path,
+            "__source__": text_name(path),
             DROP: f"corrupt_tar:{type(err).__name__}",
             DROP_STAGE: SOURCE,
         },
@@ -187,21 +179,44 @@ def with_damage_row(batch: Batch, part: dict[str, Any], path: str, err: Exceptio
 
 def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[str, Any]:
     sample = {col: raw.get(col) for col in (*IMAGE_COLUMNS, *VIDEO_COLUMNS)}
+    key = safe_key(raw["__key__"])
     sample.update(
         {
-            "__key__": raw["__key__"].replace("/", "_"),
+            "__key__": key,
             "__part__": part["part"],
             "__index__": index,
-            "__source__": part["tar"],
+            "__source__": text_name(part["tar"]),
         }
     )
     text, reason = decode_caption(raw.get("txt"))
     sample["txt"] = text
-    meta, _ = decode_caption(raw.get("json"))
+    meta, meta_ok = member_meta(raw.get("json"), raw["__key__"], key)
     sample["json"] = meta
+    reason = reason or (None if meta_ok else "bad_json")
     if reason:
         sample.update({DROP: reason, DROP_STAGE: SOURCE})
     return sample
+
+
+def member_meta(data: bytes | None, member_key: str, key: str) -> tuple[str | None, bool]:
+    """(json text, usable): a `.json` member must be UTF-8 JSON holding an object, with no
+    lone surrogate escapes (they cannot be written back as UTF-8). When the key had to change
+    (dots, slashes, non-ASCII, too long), the tar's own key is kept as `source_member`."""
+    text, meta = None, {}
+    if data is not None:
+        try:
+            text = data.decode("utf-8-sig")
+            meta = json.loads(text)
+            if b"\\u" in data:  # escapes: check the value can be written out again
+                json.dumps(meta, ensure_ascii=False).encode("utf-8")
+        except (ValueError, RecursionError):  # UnicodeError is a ValueError
+            return None, False
+        if not isinstance(meta, dict):
+            return None, False
+    if key == member_key:
+        return text, True
+    meta.setdefault("source_member", text_name(member_key))
+    return json.dumps(meta, ensure_ascii=False, sort_keys=True), True
 
 
 def plan_videos(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:

@@ -2,13 +2,20 @@
 
 Members are `<key>.<ext>`; a sample is the run of consecutive members sharing a key. Written
 tars are deterministic (sorted extensions, zero mtimes and owners) so a rerun is byte-identical.
+
+Keys (`safe_key`) are ASCII letters, digits, `_` and `-`, at most KEY_MAX_BYTES long: readers
+split member names at the first dot, and a name that is not ASCII or is over 100 bytes gets a
+PAX header, which some readers (wids' index) do not understand. So every member name fits the
+plain ustar name field and the tars carry no PAX headers at all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import tarfile
+import unicodedata
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -19,6 +26,39 @@ MEMBER_COLUMNS = (
 )
 FRAME_MEMBER = re.compile(r"^\d{3}\.jpg$")  # sampled video frames: <key>.000.jpg, ...
 EXT_ALIASES = {"jpeg": "jpg", "tif": "tiff"}
+
+USTAR_NAME_BYTES = 100  # the plain name field of a tar header
+LONGEST_SUFFIX = ".000.jpg"  # the longest member extension written (video frames)
+CLIP_SUFFIX = "_0000"  # clip_split appends this to its source key
+# Room left for one more derived suffix of the same size, should a stage add one.
+KEY_MAX_BYTES = USTAR_NAME_BYTES - len(LONGEST_SUFFIX) - 2 * len(CLIP_SUFFIX) - 2  # 80
+KEY_HASH_HEX = 12  # 48 bits of SHA-256: collisions need ~16M names sharing a readable prefix
+CLEAN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def safe_key(name: str) -> str:
+    """A member key for a source name: the name itself when it is already clean (ASCII letters,
+    digits, `_`, `-`; 1 to KEY_MAX_BYTES long), else its readable ASCII form (accents dropped,
+    other characters as `_`, cut short) plus `_` and a hash of the whole name. Pure, so keys
+    are the same on every rerun; different names get different keys."""
+    if CLEAN_KEY.fullmatch(name) and len(name) <= KEY_MAX_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_HASH_HEX]
+    plain = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
+    readable = re.sub(r"[^A-Za-z0-9_-]", "_", plain).strip("_")
+    readable = readable[: KEY_MAX_BYTES - KEY_HASH_HEX - 1].rstrip("_")
+    return f"{readable}_{digest}" if readable else digest
+
+
+def text_name(name: str) -> str:
+    """A path or name as valid UTF-8 text: undecodable bytes of local file names (Python's
+    surrogate escapes) become `\\udcXX`, so they can go into JSON members and parquet."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def fits_ustar(name: str) -> bool:
+    """True when a member name needs no PAX header: ASCII and at most 100 bytes."""
+    return name.isascii() and len(name) <= USTAR_NAME_BYTES
 
 
 def split_member_name(name: str) -> tuple[str, str]:

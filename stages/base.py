@@ -42,7 +42,7 @@ def sample_meta(text: str | bytes | None) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(text)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting overflows
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -24,6 +24,7 @@ from stages.base import (
     StageOptions,
     is_media_column,
     register,
+    sample_meta,
 )
 from stages.isolation import Isolated
 from stages.video_frames import isolated_decode
@@ -76,7 +77,7 @@ class ClipSplit(Stage):
         clips, reason = (None, "no_video") if col is None else self.split(sample[col])
         if not clips:
             return [dropped(sample, reason or "no_clips", self.name)]
-        key, meta = sample["__key__"], json.loads(sample.get("json") or "{}")
+        key, meta = sample["__key__"], sample_meta(sample.get("json"))
         out = []
         for i, clip in enumerate(clips):
             extra = {"clip_start": clip["start"], "clip_end": clip["end"], "source_key": key}

@@ -10,7 +10,15 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import Field
 
-from stages.base import IMAGE_COLUMNS, Batch, Stage, StageOptions, media_column, register
+from stages.base import (
+    IMAGE_COLUMNS,
+    Batch,
+    Stage,
+    StageOptions,
+    media_column,
+    register,
+    sample_meta,
+)
 
 # PIL's own limit would raise a warning, then an error at 2x; we want one clear drop reason.
 Image.MAX_IMAGE_PIXELS = None
@@ -171,7 +179,7 @@ class DecodeImage(Stage):
 def merge_json(text: str | None, extra: dict) -> str:
     """Add `extra` fields to a sample's JSON metadata string. An `original_*` size already
     there (img2dataset output) is the web original's and is kept; width/height are updated."""
-    meta = json.loads(text) if text else {}
+    meta = sample_meta(text)
     for name, value in extra.items():
         if not (name.startswith("original_") and name in meta):
             meta[name] = value

@@ -23,6 +23,7 @@ from stages.base import (
     frame_column,
     media_column,
     register,
+    sample_meta,
 )
 from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from stages.video_decode import sample_video
@@ -93,7 +94,7 @@ FAILURE_REASONS = {"NoVideoStream": "no_video_stream", "NoFrames": "no_frames"}
 def merge_meta(text: str | None, result: dict) -> str:
     """Frame facts into the JSON. For a clip cut by clip_split, `clip_start`/`clip_end` are
     already there and `frame_timestamps` are turned into seconds of the source video."""
-    meta = json.loads(text) if text else {}
+    meta = sample_meta(text)
     fps, count = result["fps"], result["frame_count"]
     offset = meta.get("clip_start", 0.0)
     meta.setdefault("clip_start", 0.0)

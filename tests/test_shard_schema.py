@@ -1,0 +1,116 @@
+"""One metadata schema for every shard of a build (pure: local files, no Ray)."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.mapreduce import LocalRunner
+from pipeline.shards import (
+    merge_kind,
+    metadata_name,
+    metadata_row,
+    metadata_table,
+    plan_metadata_fields,
+    row_fields,
+    value_kind,
+)
+
+# Two shards' worth of rows that disagree in every way a per-shard inference gets wrong.
+FIRST = [
+    {"key": "a", "caption": "x", "width": 4, "gone": None, "mixed": 1, "num": 1, "tags": ["t"]},
+    {"key": "b", "caption": None, "width": 5, "gone": None, "mixed": 2, "num": 2, "tags": None},
+]
+SECOND = [
+    {"key": "c", "caption": "y", "width": 6, "gone": "now", "mixed": "s", "num": 2.5, "late": True},
+    {"key": "d", "caption": "z", "width": None, "mixed": {"o": 1}, "num": 2**70, "late": False},
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (None, "null"),
+        (True, "bool"),
+        (3, "int"),
+        (2**63, "json"),
+        (-(2**63), "int"),
+        (1.5, "float"),
+        (float("nan"), "float"),
+        ("s", "string"),
+        ([1], "json"),
+        ({}, "json"),
+    ],
+)
+def test_value_kinds(value, kind):
+    assert value_kind(value) == kind
+
+
+def test_kinds_merge_to_the_narrowest_type_holding_both():
+    assert merge_kind("null", "int") == merge_kind("int", "null") == "int"
+    assert merge_kind("int", "float") == "float"
+    assert merge_kind("bool", "int") == merge_kind("string", "int") == "json"
+    assert merge_kind("json", "null") == "json"
+
+
+def test_shards_share_one_schema_and_read_as_one_table(tmp_path):
+    fields = row_fields(FIRST + SECOND)
+    assert fields == {
+        "key": "string",
+        "caption": "string",
+        "width": "int",
+        "gone": "string",
+        "mixed": "json",
+        "num": "json",  # 2**70 only fits as JSON text
+        "tags": "json",
+        "late": "bool",
+    }
+    for i, rows in enumerate((FIRST, SECOND)):
+        pq.write_table(metadata_table(rows, fields), tmp_path / f"shard-{i:06d}.parquet")
+    files = sorted(str(p) for p in tmp_path.glob("shard-*.parquet"))
+    table = ds.dataset(files, format="parquet").to_table()
+    assert table.num_rows == 4 and table.column_names[0] == "key"
+    assert table.schema.field("width").type == pa.int64()
+    assert table.schema.field("late").type == pa.bool_()
+    assert table["mixed"].to_pylist() == ["1", "2", '"s"', '{"o": 1}']
+    assert table["late"].to_pylist() == [None, None, True, False]
+    got = duckdb.sql(f"SELECT key, gone, tags FROM read_parquet({files!r}) ORDER BY key")
+    assert got.fetchall() == [
+        ("a", None, '["t"]'),
+        ("b", None, None),
+        ("c", "now", None),
+        ("d", None, None),
+    ]
+
+
+def test_without_planned_fields_a_shard_still_writes_its_own_rows():
+    table = metadata_table(SECOND)
+    assert table.num_rows == 2 and table.schema.field("num").type == pa.string()
+
+
+def test_fields_are_planned_from_every_partitions_candidates(tmp_path):
+    for part, rows in enumerate((FIRST, SECOND, [])):
+        records = [
+            {
+                "__key__": r["key"],
+                "txt": r["caption"],
+                "json": json.dumps({k: v for k, v in r.items() if k not in ("key", "caption")}),
+            }
+            for r in rows
+        ]
+        records.append({"__key__": f"bad{part}", "txt": None, "json": "[not an object"})
+        table = pa.table(
+            {c: pa.array([r[c] for r in records], pa.string()) for c in ("__key__", "txt", "json")}
+        )
+        pq.write_table(table, tmp_path / metadata_name(part))
+    planned = plan_metadata_fields(str(tmp_path), [0, 1, 2], {}, LocalRunner())
+    assert planned == row_fields(FIRST + SECOND)
+    assert metadata_row({"__key__": "k", "txt": "c", "json": '"str"'}) == {
+        "key": "k",
+        "caption": "c",
+    }
