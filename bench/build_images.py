@@ -58,6 +58,9 @@ def run_reference(folder: Path, out: Path, processes: int, chunk: int = 256) -> 
 
 
 def run_mmcurate(folder: Path, out: Path) -> tuple[float, dict]:
+    from pipeline.objectstore import loopback_only_env
+
+    os.environ.update(loopback_only_env())  # before Ray is imported: nothing leaves loopback
     import ray
 
     from pipeline.build import run_build

@@ -22,8 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from pipeline.objectstore import loopback_only_env
+
+# Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
+os.environ.update(loopback_only_env())
 
 import open_clip  # noqa: E402
 import ray  # noqa: E402

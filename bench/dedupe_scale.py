@@ -19,8 +19,10 @@ import time
 
 import numpy as np
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from pipeline.objectstore import loopback_only_env
+
+# Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
+os.environ.update(loopback_only_env())
 
 import faiss  # noqa: E402
 import ray  # noqa: E402

@@ -32,6 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from photos import make_photos
 
+from pipeline.objectstore import loopback_only_env
+
 REPO = Path(__file__).resolve().parents[1]
 I2D_VENV = REPO / "bench" / ".venv-img2dataset"
 NGINX_CONF = """
@@ -168,7 +170,7 @@ def run_img2dataset(exe: Path, urls: Path, out: Path) -> tuple[float, int]:
 def run_mmcurate(urls: Path, out: Path, files_per_task: int) -> tuple[float, int]:
     shutil.rmtree(out, ignore_errors=True)
     config = REPO / "configs" / "laion_ingest.yaml"
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, **loopback_only_env()}  # Ray on 127.0.0.1, nothing off loopback
     return timed(
         [
             str(REPO / ".venv" / "bin" / "mmcurate"),

@@ -18,8 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from pipeline.objectstore import loopback_only_env
+
+# Before Ray is imported; the proxy variables only once pip is done (ensure_venv needs PyPI).
+os.environ.update(loopback_only_env(proxy=False))
 
 from pipeline.build import run_build  # noqa: E402
 from pipeline.config import BuildConfig  # noqa: E402
@@ -40,6 +42,7 @@ def ensure_venv() -> Path:
 
 def main() -> None:
     python = ensure_venv()
+    os.environ.update(loopback_only_env())  # from here on nothing leaves loopback
     with tempfile.TemporaryDirectory(prefix="openclip-train-") as tmp:
         root = Path(tmp)
         make_image_text_pairs(root / "images", n=96, seed=3)

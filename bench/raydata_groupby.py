@@ -15,8 +15,10 @@ import os
 import platform
 import time
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from pipeline.objectstore import loopback_only_env
+
+# Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
+os.environ.update(loopback_only_env())
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402

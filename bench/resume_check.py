@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipeline.objectstore import LocalS3
+from pipeline.objectstore import LocalS3, loopback_only_env
 from pipeline.tario import write_tar
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="mmcurate-resume-"))
     parts = make_input(root / "in", args.samples)
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, **loopback_only_env()}  # Ray on 127.0.0.1, nothing off loopback
     with LocalS3(root / "s3") as store:
         store.make_bucket("resume")
         fs = store.filesystem()

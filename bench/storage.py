@@ -19,13 +19,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-import ray
+from pipeline.objectstore import LocalS3, loopback_only_env
 
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.objectstore import LocalS3
-from pipeline.tario import write_tar
+# Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
+os.environ.update(loopback_only_env())
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+
+from pipeline.build import run_build  # noqa: E402
+from pipeline.config import BuildConfig  # noqa: E402
+from pipeline.tario import write_tar  # noqa: E402
 
 
 def make_input(folder: Path, samples: int, kb: int) -> None:

@@ -22,24 +22,38 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.actors import start_pools, stop_pools
-from pipeline.config import BuildConfig
+from pipeline.config import BuildConfig, check_paths
 from pipeline.config_io import ConfigError
 from pipeline.embeddings import EMBEDDING_COLUMNS, write_embeddings
 from pipeline.mapreduce import RayRunner
 from pipeline.raysession import connect, run_tasks
+from pipeline.redaction import redact, redact_text
 from pipeline.report import render_report
 from pipeline.resume import (
+    MANIFEST,
+    MANIFEST_FORMAT,
     WORK_DIR,
     AlreadyBuilt,
     build_identity,
     claim_output,
     done_parts,
     done_shards,
+    drop_work,
+    final_files,
+    output_files,
     read_signatures,
+    record_files,
+    shard_files,
     shard_marker,
     signatures_name,
 )
-from pipeline.shards import candidate_name, metadata_name, shard_specs, write_shard
+from pipeline.shards import (
+    candidate_name,
+    metadata_name,
+    plan_metadata_fields,
+    shard_specs,
+    write_shard,
+)
 from pipeline.sources import iter_chunks, plan_source, read_partition
 from pipeline.stats import build_stats, stage_order, stage_seconds
 from pipeline.storage import (
@@ -47,8 +61,6 @@ from pipeline.storage import (
     filesystem,
     join,
     put_file_atomic,
-    redact,
-    remove_tree,
     write_bytes_atomic,
     write_parquet,
 )
@@ -57,7 +69,6 @@ from stages.base import DROP, DROP_STAGE, Stage, is_media_column
 from stages.registry import build_stages
 
 log = logging.getLogger("mmcurate.build")
-MANIFEST_FORMAT = "mmcurate/1"
 NOT_SIGNATURE = {"txt", "json"}  # plus every media column (is_media_column)
 
 
@@ -70,7 +81,7 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     try:
         claim_output(cfg, identity)
     except AlreadyBuilt as built:
-        log.info("%s already holds this build; nothing to do", cfg.output.path)
+        log.info("%s already holds this build; nothing to do", redact_text(cfg.output.path))
         return built.manifest
     connect(cfg.ray)
     timer = PhaseTimer()
@@ -87,7 +98,8 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
 
 
 def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
-    """Fail fast, before Ray starts: models load, storage reachable, source non-empty."""
+    """Fail fast, before Ray starts: paths apart, models, storage reachable, source non-empty."""
+    check_paths(cfg)
     for stage in stages:
         stage.check()
     check_reachable(cfg.source.path, cfg.storage_options, "source.path")
@@ -227,9 +239,8 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         "embedding": pa.list_(pa.float16()),
         "text_embedding": pa.list_(pa.float16()),
     }
-    columns = [
-        c for c in (rows[0] if rows else types) if c not in NOT_SIGNATURE and not is_media_column(c)
-    ]
+    seen = dict.fromkeys(c for row in rows for c in row) if rows else types  # chunks differ
+    columns = [c for c in seen if c not in NOT_SIGNATURE and not is_media_column(c)]
     columns += [c for c in ("__bytes__", "__offset__") if c not in columns]
     arrays = {c: pa.array([r.get(c) for r in rows], type=types.get(c)) for c in columns}
     return pa.table(arrays)
@@ -288,6 +299,11 @@ def phase_c(
     kept = signatures.filter(pc.is_null(signatures[DROP]))
     rows = kept.select(["__key__", "__part__", "__offset__", "__bytes__"]).to_pylist()
     specs = shard_specs(rows, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
+    parts = sorted({row["__part__"] for row in rows})
+    candidates = join(work_url, "candidates")
+    fields = plan_metadata_fields(candidates, parts, cfg.storage_options, RayRunner())
+    specs = [spec | {"fields": fields} for spec in specs]  # one parquet schema for all shards
+    record_files(cfg, [name for spec in specs for name in shard_files(spec["name"])])
     done = done_shards(work_url, cfg.storage_options)
     todo = [json.dumps(s) for s in specs if s["name"] not in done]
     task = partial(write_shards, work_url=work_url, cfg_json=cfg.model_dump_json())
@@ -321,8 +337,11 @@ def commit(
     work_url: str,
     identity: str,
 ) -> dict[str, Any]:
-    """Signatures and stats, then the manifest (the commit marker), then drop the scratch."""
+    """Signatures and stats, then the manifest (the commit marker), then drop the scratch.
+    Every file is recorded before it is written; the manifest lists those that were."""
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
+    expected = output_files([e["name"] for e in entries], signatures.num_rows)
+    record_files(cfg, [*expected, MANIFEST])
     write_signatures(cfg, signatures)
     write_embeddings(cfg.output.path, signatures, cfg.storage_options)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
@@ -336,15 +355,16 @@ def commit(
     }
     write_bytes_atomic(fs, join(out, "shardindex.json"), json.dumps(wids_index(entries)).encode())
     write_report(cfg, manifest)
-    write_bytes_atomic(fs, join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
-    remove_tree(fs, join(out, WORK_DIR))
+    manifest["files"] = final_files(cfg, expected)
+    write_bytes_atomic(fs, join(out, MANIFEST), json.dumps(manifest, indent=2).encode())
+    drop_work(fs, out)
     return manifest
 
 
 def write_report(cfg: BuildConfig, manifest: dict) -> None:
     """report.html before the manifest; a report that fails is logged, never fails the build."""
     try:
-        render_report(cfg.output.path, cfg.storage_options, manifest)
+        render_report(cfg.output.path, cfg.storage_options, manifest, cfg.source.path)
     # Why broad: the report is a view of a finished build; nothing in it may stop the commit.
     except Exception as err:  # noqa: BLE001
         log.warning("report.html not written: %s: %s", type(err).__name__, err)

@@ -1,4 +1,4 @@
-"""`mmcurate build | train | report | demo` (also `python -m pipeline ...`)."""
+"""`mmcurate build | train | eval | report | demo` (also `python -m pipeline ...`)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,20 @@ def parser() -> argparse.ArgumentParser:
         help="override a config value (repeatable)",
     )
     build.add_argument(
-        "--overwrite", action="store_true", help="replace an existing build at output.path"
+        "--overwrite",
+        action="store_true",
+        help="replace a previous mmcurate build at output.path (only the files it wrote)",
+    )
+    build.add_argument(
+        "--allow-other-files",
+        action="store_true",
+        help="write into an output.path that holds other files (never deleted or overwritten)",
     )
     build.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     train = sub.add_parser("train", help="train a CLIP model on built shards")
     train.add_argument("args", nargs=argparse.REMAINDER)
+    evaluate = sub.add_parser("eval", help="evaluate a CLIP model: retrieval and zero-shot")
+    evaluate.add_argument("args", nargs=argparse.REMAINDER)
     report = sub.add_parser("report", help="render <output>/report.html again")
     report.add_argument("output", help="a build's output folder (any fsspec URL)")
     report.add_argument(
@@ -63,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.cli import main as train_main
 
             return train_main(args.args)
+        if args.command == "eval":
+            from trainer.eval import main as eval_main
+
+            return eval_main(args.args)
         from pipeline.demo import run_demo
 
         return run_demo(args.out, samples=args.samples, steps=args.steps)
@@ -74,15 +87,17 @@ def main(argv: list[str] | None = None) -> int:
 def build_command(args: argparse.Namespace) -> int:
     from pipeline.build import run_build
     from pipeline.config import load_build_config
+    from pipeline.redaction import redact_text
 
     overrides = list(args.overrides) + (["output.overwrite=true"] if args.overwrite else [])
+    overrides += ["output.allow_other_files=true"] if args.allow_other_files else []
     cfg = load_build_config(args.config, overrides)
     manifest = run_build(cfg, progress=not args.no_progress)
     print_summary(cfg)
     print(
         json.dumps(
             {
-                "output": cfg.output.path,
+                "output": redact_text(cfg.output.path),
                 "samples": manifest["samples"],
                 "shards": len(manifest["shards"]),
             }
@@ -93,13 +108,14 @@ def build_command(args: argparse.Namespace) -> int:
 
 def print_summary(cfg: BuildConfig) -> None:
     """The stage table and phase times at the end of a build (stats.json, read back)."""
+    from pipeline.redaction import redact_text
     from pipeline.stats import stage_table
     from pipeline.storage import filesystem, join
 
     fs, root = filesystem(cfg.output.path, cfg.storage_options)
     stats = json.loads(fs.cat_file(join(root, "stats.json")))
     phases = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in stats["phases"].items())
-    report = join(cfg.output.path, "report.html")
+    report = redact_text(join(cfg.output.path, "report.html"))
     print(f"{stage_table(stats)}\n  phases: {phases}\n  report: {report}")
 
 

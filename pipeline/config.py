@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -10,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pipeline.config_io import ConfigError, load_yaml, validate
 from pipeline.storage import absolute
 from stages.registry import validate_stage_list
+
+GLOB_CHARS = "*?["
+PROTOCOL_ALIASES = {"s3a": "s3", "gcs": "gs", "local": "file"}
 
 
 class Strict(BaseModel):
@@ -20,8 +24,35 @@ class Strict(BaseModel):
 
 def resolved_here(path: str) -> str:
     """A local path made absolute (`~` and relative parts) where the config is loaded. Why:
-    Ray workers have their own working folder, and may have their own HOME."""
+    Ray workers have their own working folder, and may have their own HOME. An empty path
+    (an unset shell variable) is refused: made absolute, it would name the current folder."""
+    rest = path.partition("://")[2] if "://" in path else path
+    if not rest.strip():
+        raise ValueError("must not be empty (an unset variable?)")
     return absolute(path)
+
+
+def location(url: str) -> tuple[str, str]:
+    """(protocol, path) that a source or output names: a glob by the folder of its fixed
+    prefix, local paths with `~`, relative parts and symlinks resolved."""
+    cuts = [url.find(c) for c in GLOB_CHARS if c in url]
+    if cuts:
+        url = url[: min(cuts)].rpartition("/")[0] or "/"
+    protocol, _, rest = url.rpartition("://")
+    protocol = PROTOCOL_ALIASES.get(protocol, protocol or "file")
+    if protocol == "file":
+        return protocol, os.path.realpath(os.path.expanduser(rest))
+    return protocol, rest.strip("/")
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether two locations are equal or one holds the other."""
+    (pa, a_path), (pb, b_path) = location(a), location(b)
+
+    def inside(child: str, parent: str) -> bool:
+        return child == parent or child.startswith(parent.rstrip("/") + "/")
+
+    return pa == pb and (inside(a_path, b_path) or inside(b_path, a_path))
 
 
 class SourceConfig(Strict):
@@ -45,7 +76,10 @@ class OutputConfig(Strict):
     path: str
     shard_max_samples: int = Field(10_000, gt=0)
     shard_max_bytes: int = Field(1_000_000_000, gt=0)
-    overwrite: bool = False
+    overwrite: bool = Field(False, description="replace a previous mmcurate build's own files")
+    allow_other_files: bool = Field(
+        False, description="write into a folder holding other files (never deleted or overwritten)"
+    )
 
     _resolve = field_validator("path")(resolved_here)
 
@@ -80,6 +114,16 @@ class BuildConfig(Strict):
         if self.source.kind not in ("images", "webdataset", "urls", "videos"):
             raise ValueError(f"source.kind {self.source.kind!r} is not implemented yet")
         return self
+
+
+def check_paths(cfg: BuildConfig) -> None:
+    """Refuse an output that overlaps the source: a build must never read what it writes, nor
+    delete or overwrite its own input (deduplicating a folder of shards in place)."""
+    if overlaps(cfg.source.path, cfg.output.path):
+        raise ConfigError(
+            f"output.path: {cfg.output.path} overlaps source.path {cfg.source.path}; "
+            "write the output somewhere else"
+        )
 
 
 def load_build_config(path: str | Path, overrides: list[str] | None = None) -> BuildConfig:

@@ -1,21 +1,19 @@
 """`mmcurate demo`: real photos -> every image stage -> shards on a local S3 -> a tiny CLIP.
 
 Needs no network, GPU or cluster: SeaweedFS serves S3 on 127.0.0.1 and a local Ray runs the
-build. Everything the demo starts it stops before returning.
+build; `loopback_only_env` keeps Ray's and the clients' traffic on loopback. Everything the
+demo starts it stops before returning.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-import ray
-
-from pipeline.build import run_build
-from pipeline.config import load_build_config
 from pipeline.demo_data import make_demo_images
-from pipeline.objectstore import LocalS3
+from pipeline.objectstore import LocalS3, loopback_only_env
 from pipeline.stats import stage_table
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
@@ -25,6 +23,14 @@ BUCKET = "demo"
 
 def run_demo(out: str, samples: int = 500, steps: int = 40) -> int:
     """Run the demo under folder `out`; returns the exit code."""
+    # The demo promises no network: set before Ray is imported (it reads some at import).
+    # A RAY_ADDRESS would send the build to a cluster, whose nodes cannot reach our loopback S3.
+    os.environ.update(loopback_only_env())
+    os.environ.pop("RAY_ADDRESS", None)
+    import ray
+
+    from pipeline.build import run_build
+    from pipeline.config import load_build_config
     from trainer.config import load_train_config  # import late: torch is slow to load
     from trainer.train import train
 

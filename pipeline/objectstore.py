@@ -1,4 +1,5 @@
-"""A throwaway S3 server on loopback (SeaweedFS `weed mini`) for tests and the demo.
+"""A throwaway S3 server on loopback (SeaweedFS `weed mini`) for tests and the demo, and the
+environment that keeps such local runs on loopback (`loopback_only_env`).
 
 Everything binds and advertises 127.0.0.1 only. `weed mini` enables S3 authentication when it
 starts with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its environment, so we always hand it a
@@ -30,6 +31,41 @@ HOST = "127.0.0.1"
 # below the kernel's ephemeral range (32768+) so that outgoing connections cannot steal them.
 _PORT_LOW, _PORT_HIGH, _GRPC_OFFSET = 10000, 22700, 10000
 _COMPONENTS = ("s3", "master", "volume", "filer", "admin")
+
+# Nothing listens on the discard port: a request sent through this "proxy" fails at once,
+# on loopback. NO_PROXY keeps loopback itself direct (Ray's own HTTP and gRPC, SeaweedFS).
+LOOPBACK_PROXY = "http://127.0.0.1:9"
+LOOPBACK_HOSTS = "127.0.0.1,localhost,::1"
+
+
+def loopback_only_env(proxy: bool = True) -> dict[str, str]:
+    """Environment for runs that must not send anything off this machine: tests, the demo,
+    benches. Set it before Ray is imported and before Ray or a client starts. Never in
+    library code: a real cluster needs real addresses, clouds and proxies.
+
+    - Ray: advertise 127.0.0.1, no usage stats. Ray's dashboard still probes
+      169.254.169.254 and metadata.google.internal at every start to name the cloud
+      (usage_lib.get_cloud_from_metadata_requests, even with usage stats off; Ray has no
+      switch for it); it uses `requests`, which honours the proxy variables, so the probes
+      go to the dead loopback proxy instead (no DNS lookup either). The same holds for the
+      "usage stats disabled" report that `ray start` sends to usage-stats.ray.io.
+    - botocore: no EC2 instance-metadata lookups (credentials, region) when no keys are set;
+      google-auth: no GCE metadata check.
+
+    `proxy=False` leaves the proxy variables out, for a process that must still reach the
+    network itself (a bench that pip-installs a tool first).
+    """
+    env = {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "NO_GCE_CHECK": "true",
+    }
+    if proxy:
+        for name in ("http_proxy", "https_proxy", "all_proxy"):
+            env[name] = env[name.upper()] = LOOPBACK_PROXY
+        env["no_proxy"] = env["NO_PROXY"] = LOOPBACK_HOSTS
+    return env
 
 
 class ObjectStoreError(RuntimeError):
@@ -253,8 +289,10 @@ class LocalS3:
             time.sleep(0.1)
 
     def _http_answers(self) -> bool:
+        # Straight to loopback: a user's HTTP(S)_PROXY must not see (or break) this probe.
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            urllib.request.urlopen(self.endpoint_url, timeout=1).close()
+            direct.open(self.endpoint_url, timeout=1).close()
         except urllib.error.HTTPError:
             return True  # 403 for an anonymous request: the server is up
         except OSError:

@@ -29,8 +29,11 @@ THUMB = 128
 DUPLICATE_REASONS = ("duplicate_exact", "duplicate_near", "duplicate_semantic")
 
 
-def render_report(output: str, storage_options: dict, manifest: dict | None = None) -> str:
-    """Write `<output>/report.html`; returns its URL."""
+def render_report(
+    output: str, storage_options: dict, manifest: dict | None = None, source: str | None = None
+) -> str:
+    """Write `<output>/report.html`; returns its URL. `source` is the live source path (the
+    manifest's copy is redacted, so a URL with a password in it no longer opens)."""
     fs, root = filesystem(output, storage_options)
     if manifest is None:
         manifest = json.loads(fs.cat_file(join(root, "manifest.json")))
@@ -38,7 +41,7 @@ def render_report(output: str, storage_options: dict, manifest: dict | None = No
     with fs.open(join(root, "signatures", "part-000000.parquet"), "rb") as f:
         rows = pq.read_table(f).to_pylist()
     kept = kept_samples(fs, root, manifest)
-    source_fs, _ = filesystem(manifest["config"]["source"]["path"], storage_options)
+    source_fs, _ = filesystem(source or manifest["config"]["source"]["path"], storage_options)
     sections = [
         summary(output, manifest, stats),
         funnel(stats),

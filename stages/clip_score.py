@@ -21,7 +21,15 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from pipeline.mapreduce import Runner
-from stages.base import FRAME_COLUMN, Batch, Stage, StageOptions, media_column, register
+from stages.base import (
+    FRAME_COLUMN,
+    Batch,
+    Stage,
+    StageOptions,
+    media_column,
+    register,
+    sample_meta,
+)
 from stages.clip_model import ClipModel, cached_model, check_model
 from stages.dedupe_common import Decisions, live_rows
 
@@ -126,7 +134,8 @@ class ClipScore(Stage):
         fraction = self.options.keep_top_fraction
         if fraction is None:
             return {}
-        return top_fraction_decisions(live_rows(signatures, "clip_score"), fraction)
+        live = live_rows(signatures, "clip_score")
+        return top_fraction_decisions(live, fraction) if live.num_rows else {}
 
 
 def pictures_of(batch: Batch, row: int) -> list[bytes]:
@@ -159,7 +168,7 @@ def mean_per_sample(embeddings: np.ndarray, counts: list[int]) -> np.ndarray:
 
 
 def with_score(text: str | None, score: float) -> str:
-    meta = json.loads(text) if text else {}
+    meta = sample_meta(text)
     meta["clip_score"] = score
     return json.dumps(meta, sort_keys=True, ensure_ascii=False)
 

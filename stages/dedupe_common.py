@@ -16,11 +16,13 @@ Decisions = dict[str, tuple[str, str | None]]
 
 
 def live_rows(signatures: pa.Table, *required: str) -> pa.Table:
-    """Rows not dropped so far that have every `required` column set."""
-    mask = pc.is_null(signatures[DROP])
+    """Rows not dropped so far that have every `required` column set. A column no row has
+    (every sample dropped before the stage ran) means no rows, never a missing column."""
     for column in required:
         if column not in signatures.column_names:
-            return signatures.slice(0, 0)
+            signatures = signatures.append_column(column, pa.nulls(signatures.num_rows))
+    mask = pc.is_null(signatures[DROP])
+    for column in required:
         mask = pc.and_(mask, pc.is_valid(signatures[column]))
     return signatures.filter(mask)
 

@@ -70,6 +70,8 @@ class ExactDedupe(Stage):
 
     def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
         live = live_rows(signatures, "sha256").select(["__key__", "sha256"])
+        if live.num_rows < 2:
+            return {}  # nothing can repeat (also: every sample dropped before hashing)
         runner = runner or LocalRunner()
         partitions = partitions_for(live.nbytes, runner)
         blocks = [live.slice(a, b - a) for a, b in split_range(live.num_rows, 1 << 20)]

@@ -12,7 +12,6 @@ holds about 256 MiB of routed (hash, id) entries, and the tables run in waves of
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import partial
 from typing import Literal
@@ -25,7 +24,15 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
-from stages.base import FRAME_COLUMN, Batch, Stage, StageOptions, media_column, register
+from stages.base import (
+    FRAME_COLUMN,
+    Batch,
+    Stage,
+    StageOptions,
+    media_column,
+    register,
+    sample_meta,
+)
 from stages.dedupe_common import Decisions, group_decisions, keepers, live_rows, priority_rank
 from stages.hamming import (
     TablePlan,
@@ -107,12 +114,12 @@ def picture_to_hash(batch: Batch, row: int) -> bytes | None:
 
 def original_size(metas: list | None, row: int, decoded: tuple[int, int]) -> tuple[int, int]:
     """The size before decode_image resized it (its `original_*` JSON fields), else as decoded."""
-    text = metas[row] if metas else None
-    if text:
-        meta = json.loads(text)
-        if "original_width" in meta and "original_height" in meta:
-            return int(meta["original_width"]), int(meta["original_height"])
-    return decoded
+    meta = sample_meta(metas[row] if metas else None)
+    try:
+        width, height = int(meta["original_width"]), int(meta["original_height"])
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return decoded  # absent or not numbers: the decoded size is the truth we have
+    return (width, height) if 0 < width < 2**31 and 0 < height < 2**31 else decoded
 
 
 def near_groups(

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-# Ray reads these when it is imported, so they are set before any test imports it. With the
-# first, Ray advertises 127.0.0.1 instead of the machine's outside address (see DESIGN.md);
-# library code must never set them. Subprocesses (CLI tests) inherit them.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+from pipeline.objectstore import loopback_only_env
+
+# Nothing a test starts may send traffic off loopback. Ray reads some of these when it is
+# imported, so they are set before any test imports it: Ray advertises 127.0.0.1 instead of
+# the machine's outside address (see DESIGN.md), sends no usage stats, and its cloud probes
+# (169.254.169.254, metadata.google.internal) go to a dead loopback proxy; botocore never asks
+# the EC2 metadata service. Library code must never set them. Subprocesses inherit them.
+os.environ.update(loopback_only_env())
 
 
 @pytest.fixture(scope="session")

@@ -127,15 +127,18 @@ def test_killed_driver_resumes_without_redoing_work(ray_session, slow_urls, tmp_
     assert shard_keys(out) == shard_keys(tmp_path / "clean")
 
 
-def test_different_config_on_unfinished_output_is_refused(ray_session, tmp_path, image_folder):
+def test_different_config_on_unfinished_output_is_refused(tmp_path, image_folder):
     folder = image_folder(n=6)
-    base = {"source": {"kind": "images", "path": str(folder)}, "output": {"path": str(tmp_path)}}
-    (tmp_path / "_work").mkdir()
-    (tmp_path / "_work" / "build.json").write_text(json.dumps({"build_id": "someone-else"}))
+    out = tmp_path / "out"
+    base = {"source": {"kind": "images", "path": str(folder)}, "output": {"path": str(out)}}
+    (out / "_work").mkdir(parents=True)
+    marker = json.dumps({"tool": "mmcurate", "build_id": "f" * 64, "files": []})
+    (out / "_work" / "build.json").write_text(marker)
     from pipeline.config_io import ConfigError
 
     with pytest.raises(ConfigError, match="unfinished build of another config"):
-        run_build(BuildConfig.model_validate(base), False)
+        run_build(BuildConfig.model_validate(base), False)  # refused before Ray starts
+    assert (out / "_work" / "build.json").read_text() == marker
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.config_io import load_yaml, validate
+from pipeline.redaction import redact
 from pipeline.storage import absolute
 
 _SIZE_UNITS = {
@@ -27,7 +28,6 @@ _SIZE_UNITS = {
     "TIB": 2**40,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-_SECRET_KEY = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
@@ -130,21 +130,9 @@ class TrainConfig(_Section):
     storage_options: dict[str, Any] = {}  # fsspec options: manifest, shards, a URL run.output
 
     def redacted(self) -> dict[str, Any]:
-        """The resolved config as plain data, secrets in storage_options replaced by '***'."""
-        tree = self.model_dump(mode="json")
-        tree["storage_options"] = _redact(tree["storage_options"])
-        return tree
-
-
-def _redact(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: "***" if _SECRET_KEY.search(str(k)) and not isinstance(v, dict) else _redact(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_redact(v) for v in value]
-    return value
+        """The resolved config as plain data with every credential replaced by '***': in
+        storage_options and anywhere else (a URL's password in data.manifest or run.output)."""
+        return redact(self.model_dump(mode="json"))
 
 
 def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:

@@ -9,6 +9,7 @@ on a multi-node cluster, make it an object-store URL (s3://...) or a shared file
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 from pipeline.storage import filesystem, join
@@ -16,11 +17,13 @@ from trainer.config import TrainConfig
 from trainer.outputs import is_remote
 
 
-def train_worker(config: dict[str, Any]) -> None:
-    """One Ray Train worker: rank 0 writes `<run.output>/summary.json`."""
+def train_worker(config: dict[str, Any], storage_options: dict[str, Any]) -> None:
+    """One Ray Train worker: rank 0 writes `<run.output>/summary.json`. The storage options
+    (credentials) come apart from `config`: Ray Train keeps its loop config in its run
+    records, where secrets must never be."""
     from trainer.train import train
 
-    train(TrainConfig.model_validate(config["cfg"]))
+    train(TrainConfig.model_validate(config["cfg"] | {"storage_options": storage_options}))
 
 
 def launch_ray(cfg: TrainConfig) -> dict[str, Any]:
@@ -38,8 +41,8 @@ def launch_ray(cfg: TrainConfig) -> dict[str, Any]:
     resources = {"CPU": cfg.launch.cpus_per_worker} | ({"GPU": gpus} if gpus else {})
     storage, storage_filesystem = ray_storage(cfg)
     trainer = TorchTrainer(
-        train_worker,
-        train_loop_config={"cfg": cfg.model_dump(mode="json")},
+        partial(train_worker, storage_options=cfg.storage_options),
+        train_loop_config={"cfg": cfg.model_dump(mode="json", exclude={"storage_options"})},
         scaling_config=ScalingConfig(
             num_workers=cfg.launch.workers, use_gpu=bool(gpus), resources_per_worker=resources
         ),

@@ -17,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 BENCH = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 from photos import make_photos  # noqa: E402
+
+from pipeline.objectstore import loopback_only_env  # noqa: E402
+
+os.environ.update(loopback_only_env())  # before Ray loads: nothing leaves loopback
 
 
 def main() -> None:
