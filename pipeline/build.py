@@ -55,7 +55,7 @@ from pipeline.shards import (
     write_shard,
 )
 from pipeline.sources import iter_chunks, plan_source, read_partition
-from pipeline.stats import build_stats, stage_order, stage_seconds
+from pipeline.stats import build_stats, stage_seconds
 from pipeline.storage import (
     check_reachable,
     filesystem,
@@ -66,7 +66,7 @@ from pipeline.storage import (
 )
 from pipeline.tario import write_tar
 from stages.base import DROP, DROP_STAGE, Stage, is_media_column
-from stages.registry import build_stages
+from stages.registry import build_stages, stage_order
 
 log = logging.getLogger("mmcurate.build")
 NOT_SIGNATURE = {"txt", "json"}  # plus every media column (is_media_column)
@@ -264,7 +264,7 @@ def phase_b(signatures: pa.Table, stages: list[Stage]) -> pa.Table:
         for i, key in enumerate(keys):
             if key in decided and drops[i] is None:
                 drops[i], duplicate_of[i] = decided[key]
-                drop_stages[i] = stage.name
+                drop_stages[i] = stage.label
         signatures = with_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
     return with_columns(signatures, {"duplicate_of": duplicate_of})
 

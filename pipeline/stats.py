@@ -1,4 +1,5 @@
-"""Per-stage counts from the signatures table: in, out, and drops by reason."""
+"""Per-stage counts from the signatures table: in, out, and drops by reason. A stage is
+counted under its label: its name, or `<position>:<name>` when its name is listed twice."""
 
 from __future__ import annotations
 
@@ -8,11 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from stages.base import DROP, DROP_STAGE, Stage
-
-
-def stage_order(stages: list[Stage]) -> list[Stage]:
-    """Execution order: per-sample work in config order, then global decisions."""
-    return [s for s in stages if not s.is_global] + [s for s in stages if s.is_global]
+from stages.registry import stage_order
 
 
 def build_stats(signatures: pa.Table, stages: list[Stage], seconds: dict[str, float]) -> dict:
@@ -23,9 +20,9 @@ def build_stats(signatures: pa.Table, stages: list[Stage], seconds: dict[str, fl
         zip(signatures[DROP_STAGE].to_pylist(), signatures[DROP].to_pylist(), strict=True)
     )
     entries: list[dict[str, Any]] = []
-    stage_by_name = {s.name: s for s in stages}
+    stage_by_name = {s.label: s for s in stages}
     remaining = total
-    for name in ["source", *[s.name for s in stage_order(stages)]]:
+    for name in ["source", *[s.label for s in stage_order(stages)]]:
         dropped = {
             reason: n
             for (stage, reason), n in sorted(drops.items(), key=str)
@@ -64,7 +61,7 @@ def stage_seconds(signatures: pa.Table, stages: list[Stage]) -> dict[str, float]
     for stage in stages:
         col = stage.timing_column
         if col in signatures.column_names:
-            out[stage.name] = float(sum(v or 0.0 for v in signatures[col].to_pylist()))
+            out[stage.label] = float(sum(v or 0.0 for v in signatures[col].to_pylist()))
     return out
 
 

@@ -74,6 +74,7 @@ class Stage:
     def __init__(self, options: StageOptions | None = None, index: int = 0) -> None:
         self.options = options if options is not None else self.Options()
         self.index = index  # position in the config's stage list, used for timing columns
+        self.label = self.name  # its identity in drop_stage and stats: see label_stages
         self._ready = False
 
     def check(self) -> None:
@@ -105,7 +106,7 @@ class Stage:
         if live:
             sub = {col: [values[i] for i in live] for col, values in batch.items()}
             sub, reasons = self.process(sub)
-            merge_live_rows(batch, sub, live, reasons, self.name)
+            merge_live_rows(batch, sub, live, reasons, self.label)
         per_sample = (time.perf_counter() - started) / max(len(batch[DROP]), 1)
         batch[self.timing_column] = [per_sample] * len(batch[DROP])
         return batch
@@ -137,6 +138,17 @@ def media_column(batch: Batch, row: int, columns: tuple[str, ...] = IMAGE_COLUMN
         if values is not None and values[row] is not None:
             return col
     return None
+
+
+def label_stages(stages: list[Stage]) -> list[Stage]:
+    """A stage is known by its name; a name listed twice (two caption_filters with different
+    limits) makes each of its stages known by position too, as `2:caption_filter`."""
+    counts: dict[str, int] = {}
+    for stage in stages:
+        counts[stage.name] = counts.get(stage.name, 0) + 1
+    for stage in stages:
+        stage.label = stage.name if counts[stage.name] == 1 else f"{stage.index}:{stage.name}"
+    return stages
 
 
 _REGISTRY: dict[str, type[Stage]] = {}

@@ -76,7 +76,7 @@ class ClipSplit(Stage):
         col = next((c for c in VIDEO_COLUMNS if sample.get(c) is not None), None)
         clips, reason = (None, "no_video") if col is None else self.split(sample[col])
         if not clips:
-            return [dropped(sample, reason or "no_clips", self.name)]
+            return [dropped(sample, reason or "no_clips", self.label)]
         key, meta = sample["__key__"], sample_meta(sample.get("json"))
         out = []
         for i, clip in enumerate(clips):

@@ -16,7 +16,7 @@ import stages.near_dedupe  # noqa: F401
 import stages.semantic_dedupe  # noqa: F401
 import stages.video_frames  # noqa: F401
 from pipeline.config_io import ConfigError, describe_validation_error
-from stages.base import _REGISTRY, Stage
+from stages.base import _REGISTRY, Stage, label_stages
 
 
 def known_stages() -> list[str]:
@@ -51,5 +51,10 @@ def validate_stage_list(specs: list[dict[str, Any]]) -> None:
         seen.add(stage.name)
 
 
+def stage_order(stages: list[Stage]) -> list[Stage]:
+    """Execution order: per-sample work in config order, then global decisions."""
+    return [s for s in stages if not s.is_global] + [s for s in stages if s.is_global]
+
+
 def build_stages(specs: list[dict[str, Any]]) -> list[Stage]:
-    return [build_stage(spec, i) for i, spec in enumerate(specs)]
+    return label_stages([build_stage(spec, i) for i, spec in enumerate(specs)])
