@@ -45,8 +45,12 @@ class RemoteEncoder:
         self.side = side
         self.turn = 0
 
-    def start_at(self, offset: int) -> None:
-        self.turn = offset
+    def starting_at(self, offset: int) -> RemoteEncoder:
+        """This pool's handle for one partition: its first call goes to actor `offset`, so
+        concurrent partitions spread over the actors."""
+        handle = RemoteEncoder(self.actors, self.transform, self.side)
+        handle.turn = offset
+        return handle
 
     def prepare(self, images: list[bytes]) -> tuple[list, list]:
         return prepare_images(images, self.transform, self.side)
@@ -81,7 +85,7 @@ def start_pools(stages: list[Stage]) -> dict[int, RemoteEncoder]:
     encoders: dict[int, RemoteEncoder] = {}
     try:
         for stage in stages:
-            shape = pool_shape(stage, cluster_gpus) if hasattr(stage, "encoder") else None
+            shape = pool_shape(stage, cluster_gpus) if stage.uses_model_pool else None
             if shape is not None:
                 check_fits(stage, *shape, cluster_gpus, node_gpus)
                 encoders[stage.index] = start_pool(stage, *shape)

@@ -15,13 +15,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.actors import start_pools, stop_pools
+from pipeline.actors import RemoteEncoder, start_pools, stop_pools
 from pipeline.config import BuildConfig, check_paths
 from pipeline.config_io import ConfigError
 from pipeline.embeddings import EMBEDDING_COLUMNS, write_embeddings
@@ -119,41 +119,43 @@ def phase_a(
     """Process the partitions not done by an earlier run; read every partition's signatures.
     Model stages that want an actor pool get one for this phase."""
     done = done_parts(work_url, cfg.storage_options)
-    todo = [json.dumps(p) for p in parts if p["part"] not in done]
+    todo = [p for p in parts if p["part"] not in done]
     if done:
         log.info("resuming: %d of %d partitions already done", len(done), len(parts))
     encoders = start_pools(stages) if todo else {}  # stops its own pools if it fails
     try:
-        task = partial(
-            process_parts, cfg_json=cfg.model_dump_json(), work_url=work_url, encoders=encoders
-        )
+        task = partial(partition_task, cfg=cfg, work_url=work_url, encoders=encoders)
         run_tasks(todo, task, "partitions", progress)
     finally:
         stop_pools(encoders)
     return read_signatures(work_url, [p["part"] for p in parts], cfg.storage_options)
 
 
-def process_parts(
-    items: list[str], cfg_json: str, work_url: str, encoders: dict | None = None
-) -> pa.Table:
-    """Ray task body: process each partition given as JSON; returns a row count per part."""
-    cfg = BuildConfig.model_validate_json(cfg_json)
-    stages = stages_for(cfg_json)
-    counts = []
-    for item in items:
-        part = json.loads(item)
-        for stage in stages:
-            if encoders and stage.index in encoders:
-                stage.encoder = encoders[stage.index]
-                stage.encoder.start_at(part["part"])
-        counts.append(process_partition(part, cfg, stages, work_url))
-    return pa.table({"rows": counts})
+def partition_task(
+    part: dict, cfg: BuildConfig, work_url: str, encoders: dict[int, RemoteEncoder]
+) -> None:
+    """Ray task body: one partition, with the worker's stages; a model stage served by an
+    actor pool gets the pool's encoder, starting its turns at this partition."""
+    stages = [
+        stage.served_by(encoders[stage.index].starting_at(part["part"]))
+        if stage.index in encoders
+        else stage
+        for stage in worker_stages(cfg)
+    ]
+    process_partition(part, cfg, stages, work_url)
 
 
-@lru_cache(maxsize=4)
-def stages_for(cfg_json: str) -> list[Stage]:
-    """Stages in execution order, built once per worker process (setup is paid once)."""
-    return stage_order(build_stages(BuildConfig.model_validate_json(cfg_json).stages))
+_WORKER_STAGES: dict[str, list[Stage]] = {}
+
+
+def worker_stages(cfg: BuildConfig) -> list[Stage]:
+    """Stages in execution order, built once per worker process and config (set-up, e.g. a
+    model load, is paid once)."""
+    key = cfg.model_dump_json(include={"stages"})
+    if key not in _WORKER_STAGES:
+        _WORKER_STAGES.clear()
+        _WORKER_STAGES[key] = stage_order(build_stages(cfg.stages))
+    return _WORKER_STAGES[key]
 
 
 def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_url: str) -> int:
@@ -305,10 +307,9 @@ def phase_c(
     specs = [spec | {"fields": fields} for spec in specs]  # one parquet schema for all shards
     record_files(cfg, [name for spec in specs for name in shard_files(spec["name"])])
     done = done_shards(work_url, cfg.storage_options)
-    todo = [json.dumps(s) for s in specs if s["name"] not in done]
-    task = partial(write_shards, work_url=work_url, cfg_json=cfg.model_dump_json())
-    results = run_tasks(todo, task, "shards", progress)
-    entries = [json.loads(e) for table in results for e in table["entry"].to_pylist()]
+    todo = [s for s in specs if s["name"] not in done]
+    task = partial(shard_task, work_url=work_url, cfg=cfg)
+    entries = run_tasks(todo, task, "shards", progress)
     entries += [done[s["name"]] for s in specs if s["name"] in done]
     shard_of = {
         key: spec["name"] for spec in specs for _, spans in spec["parts"] for key, _, _ in spans
@@ -316,17 +317,14 @@ def phase_c(
     return sorted(entries, key=lambda e: e["name"]), shard_of
 
 
-def write_shards(items: list[str], work_url: str, cfg_json: str) -> pa.Table:
-    """Ray task body: write each planned shard, then its marker (so a rerun skips it)."""
-    cfg = BuildConfig.model_validate_json(cfg_json)
+def shard_task(spec: dict, work_url: str, cfg: BuildConfig) -> dict:
+    """Ray task body: write one planned shard, then its marker (so a rerun skips it); returns
+    its manifest entry."""
     candidates = join(work_url, "candidates")
-    entries = []
-    for item in items:
-        entry = write_shard(json.loads(item), candidates, cfg.output.path, cfg.storage_options)
-        fs, marker = filesystem(shard_marker(work_url, entry["name"]), cfg.storage_options)
-        write_bytes_atomic(fs, marker, json.dumps(entry).encode())
-        entries.append(entry)
-    return pa.table({"entry": [json.dumps(e) for e in entries]})
+    entry = write_shard(spec, candidates, cfg.output.path, cfg.storage_options)
+    fs, marker = filesystem(shard_marker(work_url, entry["name"]), cfg.storage_options)
+    write_bytes_atomic(fs, marker, json.dumps(entry).encode())
+    return entry
 
 
 def commit(

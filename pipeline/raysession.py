@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import Any, TypeVar
 
-import pyarrow as pa
 import ray
 from tqdm import tqdm
 
@@ -23,25 +23,28 @@ def connect(cfg: RayConfig) -> None:
             ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
 @ray.remote(num_cpus=1, max_retries=3)
-def _run_one(fn: Callable[[list[str]], pa.Table], item: str) -> pa.Table:
-    return fn([item])
+def _run_one(fn: Callable[[Any], Any], item: Any) -> Any:
+    return fn(item)
 
 
-def run_tasks(
-    items: list[str], fn: Callable[[list[str]], pa.Table], label: str, progress: bool = False
-) -> list[pa.Table]:
-    """Run `fn([item])` for each item as a Ray task (one CPU each); collect the tables in order.
+def run_tasks(items: list[T], fn: Callable[[T], R], label: str, progress: bool = False) -> list[R]:
+    """Run `fn(item)` for each item as a Ray task (one CPU each); return the results in order.
 
     Plain tasks rather than a Ray Data `map_batches`: measured here, Ray Data's streaming
     executor held this one-partition-per-task workload to fewer concurrent tasks than CPUs
-    (BENCHMARKS.md). Tasks write their own outputs to storage; only small tables come back.
+    (BENCHMARKS.md). Items and `fn` are plain objects; tasks write their own outputs to
+    storage, and only what the driver reads comes back.
     A bounded window keeps the scheduler's queue and the driver's memory small.
     """
     window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)
     fn_ref = ray.put(fn)
     pending: dict[int, ray.ObjectRef] = {}
-    results: list[pa.Table | None] = [None] * len(items)
+    results: list[Any] = [None] * len(items)
     with tqdm(total=len(items), desc=label, unit="task", disable=not progress) as bar:
         for index, item in enumerate(items):
             pending[index] = _run_one.remote(fn_ref, item)
@@ -51,11 +54,11 @@ def run_tasks(
         while pending:
             collect_one(pending, results)
             bar.update()
-    return [t for t in results if t is not None and t.num_rows]
+    return results
 
 
 def collect_one(pending: dict[int, ray.ObjectRef], results: list) -> None:
-    """Wait for any one pending task and store its table at its index."""
+    """Wait for any one pending task and store its result at its index."""
     index_of = {ref: index for index, ref in pending.items()}
     done, _ = ray.wait(list(pending.values()), num_returns=1)
     index = index_of[done[0]]

@@ -8,13 +8,14 @@ reaches the driver as a signature row, so drop counts are exact and a rerun can 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.mapreduce import Runner
 
@@ -70,6 +71,7 @@ class Stage:
     is_global: ClassVar[bool] = False
     io_bound: ClassVar[bool] = False  # waits on the network: runs a chunk ahead of the rest
     expands: ClassVar[bool] = False  # turns one sample into several (clip_split)
+    uses_model_pool: ClassVar[bool] = False  # a ModelStage: its model may run in actors
 
     def __init__(self, options: StageOptions | None = None, index: int = 0) -> None:
         self.options = options if options is not None else self.Options()
@@ -110,6 +112,38 @@ class Stage:
         per_sample = (time.perf_counter() - started) / max(len(batch[DROP]), 1)
         batch[self.timing_column] = [per_sample] * len(batch[DROP])
         return batch
+
+
+class ModelOptions(StageOptions):
+    """Options of a stage whose model may run in an actor pool (pipeline/actors.py)."""
+
+    model: str = "ViT-B-32"
+    pretrained: str | None = "laion2b_s34b_b79k"
+    num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
+    concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class ModelStage(Stage):
+    """A stage that encodes with a model: in the task (its own local model) or through an
+    encoder the build passes in (`served_by`) when an actor pool holds the model."""
+
+    Options: ClassVar[type[StageOptions]] = ModelOptions
+    uses_model_pool: ClassVar[bool] = True
+
+    def __init__(
+        self, options: StageOptions | None = None, index: int = 0, encoder: Any = None
+    ) -> None:
+        super().__init__(options, index)
+        self.encoder = encoder
+
+    def served_by(self, encoder: Any) -> ModelStage:
+        """This stage for one task, encoding through `encoder`; the worker's cached stage
+        (and its set-up state) is shared, never changed."""
+        served = copy.copy(self)
+        served.encoder = encoder
+        return served
 
 
 def merge_live_rows(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +24,8 @@ from pipeline.mapreduce import Runner
 from stages.base import (
     FRAME_COLUMN,
     Batch,
-    Stage,
-    StageOptions,
+    ModelOptions,
+    ModelStage,
     media_column,
     register,
     sample_meta,
@@ -42,28 +42,18 @@ class Encoder(Protocol):
     def encode(self, pixels: np.ndarray, texts: list[str]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-class ClipScoreOptions(StageOptions):
-    model: str = "ViT-B-32"
-    pretrained: str | None = "laion2b_s34b_b79k"
+class ClipScoreOptions(ModelOptions):
     min_score: float | None = Field(None, description="drop below (LAION: 0.28 with ViT-B/32)")
     max_score: float | None = None
     keep_top_fraction: float | None = Field(None, gt=0, le=1, description="DataComp: 0.3")
     batch_size: int = Field(64, ge=1)
-    num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
-    concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 @register
-class ClipScore(Stage):
+class ClipScore(ModelStage):
     name = "clip_score"
     Options = ClipScoreOptions
     is_global = True  # keep_top_fraction decides over the whole dataset
-
-    def __init__(self, options: StageOptions | None = None, index: int = 0) -> None:
-        super().__init__(options, index)
-        self.encoder: Encoder | None = None  # set by the build when an actor pool serves us
 
     def check(self) -> None:
         check_model(self.options.model, self.options.pretrained, f"stages.{self.index}")
