@@ -33,8 +33,8 @@ import numpy as np
 from nearphotos import TRANSFORMS, Item, make_items
 
 from pipeline.mapreduce import LocalRunner
-from stages.hamming import plan_tables
-from stages.image_hash import image_hash
+from stages.lib.hamming import plan_tables
+from stages.lib.image_hash import image_hash
 from stages.near_dedupe import close_pairs, near_groups
 
 HERE = Path(__file__).resolve().parent

@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 
 from pipeline.tario import iter_tar_samples
-from stages.clip_model import ClipModel, prepare_images
+from stages.lib.clip_model import ClipModel, prepare_images
 
 
 def samples(folder: Path) -> list[tuple[bytes, str]]:

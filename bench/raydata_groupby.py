@@ -25,7 +25,7 @@ import pyarrow as pa  # noqa: E402
 import ray  # noqa: E402
 
 from pipeline.mapreduce import RayRunner  # noqa: E402
-from stages.hamming import exact_masks, table_pairs  # noqa: E402
+from stages.lib.hamming import exact_masks, table_pairs  # noqa: E402
 
 
 def group_pairs(group: dict) -> dict:

@@ -3,7 +3,7 @@
 Input: H.264 videos with motion (pipeline/video_data.py: a moving gradient and a changing
 frame number), 10 s at 30 fps, 360p and 720p, encoded with PyAV (libx264, preset fast, its
 default GOP of 250 frames). Everything on one core (decoder threads 1).
-- mmcurate: the video_frames sampler (`stages.video_decode.with_decord`: decord, planned
+- mmcurate: the video_frames sampler (`stages.lib.video_decode.with_decord`: decord, planned
   indices, `get_batch`) -> 8 RGB frames.
 - plain PyAV: decode every frame in order, keep the 8 planned ones as RGB arrays.
 - decode-only: PyAV decoding every frame, no conversion: how fast frames come out at all.
@@ -27,8 +27,8 @@ import av
 import numpy as np
 
 from pipeline.video_data import frame_pixels
+from stages.lib.video_decode import plan_indices, with_decord
 from stages.registry import build_stage
-from stages.video_decode import plan_indices, with_decord
 
 OPTS = {"mode": "uniform", "num_frames": 8, "fps": 1.0, "size": 224, "crop": True, "quality": 90}
 

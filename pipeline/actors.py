@@ -20,7 +20,7 @@ import ray
 
 from pipeline.config_io import ConfigError
 from stages.base import Stage
-from stages.clip_model import ClipModel, prepare_images
+from stages.lib.clip_model import ClipModel, prepare_images
 
 log = logging.getLogger("mmcurate.actors")
 

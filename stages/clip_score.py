@@ -30,8 +30,8 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.clip_model import ClipModel, cached_model, check_model
-from stages.dedupe_common import Decisions, live_rows
+from stages.lib.clip_model import ClipModel, cached_model, check_model
+from stages.lib.dedupe_common import Decisions, live_rows
 
 
 class Encoder(Protocol):

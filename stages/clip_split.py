@@ -26,9 +26,9 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.isolation import Isolated
+from stages.lib.isolation import Isolated
+from stages.lib.video_split import split_video
 from stages.video_frames import isolated_decode
-from stages.video_split import split_video
 
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
 PARENT = "__parent__"
@@ -52,7 +52,7 @@ class ClipSplit(Stage):
     expands: ClassVar[bool] = True
 
     def setup(self) -> None:
-        self.decoder = Isolated(preload=("stages.video_split", "av"))
+        self.decoder = Isolated(preload=("stages.lib.video_split", "av"))
 
     def __call__(self, batch: Batch) -> Batch:
         if not self._ready:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import Field
 
 from stages.base import IMAGE_COLUMNS, Batch, Stage, StageOptions, register, sample_meta
-from stages.http_fetch import Connections, Fetched, FetchPolicy, fetch
+from stages.lib.http_fetch import Connections, Fetched, FetchPolicy, fetch
 
 log = logging.getLogger(__name__)
 

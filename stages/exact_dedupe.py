@@ -21,7 +21,7 @@ from PIL import Image
 
 from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import Batch, Stage, StageOptions, media_column, register
-from stages.dedupe_common import Decisions, live_rows
+from stages.lib.dedupe_common import Decisions, live_rows
 
 HEX_PAIRS = pa.array([f"{i:02x}" for i in range(256)])
 

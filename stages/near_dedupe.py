@@ -1,9 +1,10 @@
 """near_dedupe: perceptual hash per sample, then one survivor per group of near-identical images.
 
 Per sample: a 64-bit pHash (or dHash) and the image size. Globally (phase B, signatures only):
-identical hashes collapse first, candidate pairs come from the tables `stages.hamming` plans for
-the radius and target recall, each is verified by popcount, groups are the connected components
-of the verified pairs (union-find), and the keep policy of `stages.dedupe_common` picks one item.
+identical hashes collapse first, candidate pairs come from the tables `stages.lib.hamming`
+plans for the radius and target recall, each is verified by popcount, groups are the connected
+components of the verified pairs (union-find), and the keep policy of
+`stages.lib.dedupe_common` picks one item.
 
 Memory: the driver holds the hash column (8 bytes a row) and the group labels; each reduce task
 holds about 256 MiB of routed (hash, id) entries, and the tables run in waves of at most
@@ -33,8 +34,8 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.dedupe_common import Decisions, group_decisions, keepers, live_rows, priority_rank
-from stages.hamming import (
+from stages.lib.dedupe_common import Decisions, group_decisions, keepers, live_rows, priority_rank
+from stages.lib.hamming import (
     TablePlan,
     map_block,
     plan_tables,
@@ -43,7 +44,7 @@ from stages.hamming import (
     unique_inverse,
     unique_pairs,
 )
-from stages.image_hash import image_hash
+from stages.lib.image_hash import image_hash
 
 log = logging.getLogger("mmcurate.near_dedupe")
 ENTRY_BYTES = 16  # one routed (hash, id) pair

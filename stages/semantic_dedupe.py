@@ -4,7 +4,7 @@ Per sample: an `embedding` column (normalized CLIP image embedding). A stage tha
 computed one (clip_score) is reused; otherwise this stage embeds with `model`/`pretrained`.
 Globally (phase B, signatures only): spherical k-means (faiss) on a sample, every row to its
 nearest centroid, clusters hash-partitioned across reduce tasks, and in each cluster the
-greedy rule of `stages.semdedup` in keep-priority order (`stages.dedupe_common`).
+greedy rule of `stages.lib.semdedup` in keep-priority order (`stages.lib.dedupe_common`).
 
 Memory: the driver holds the signatures (embeddings included: dim x 4 bytes a row); a reduce
 task holds its clusters' embeddings, about 256 MiB, plus a block x block matrix, so one very
@@ -24,9 +24,9 @@ from pydantic import Field
 
 from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import Batch, Stage, StageOptions, media_column, register
-from stages.clip_model import cached_model, check_model
-from stages.dedupe_common import Decisions, live_rows, priority_rank
-from stages.semdedup import map_block, normalize, reduce_clusters, train_centroids
+from stages.lib.clip_model import cached_model, check_model
+from stages.lib.dedupe_common import Decisions, live_rows, priority_rank
+from stages.lib.semdedup import map_block, normalize, reduce_clusters, train_centroids
 
 log = logging.getLogger("mmcurate.semantic_dedupe")
 

@@ -25,8 +25,8 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
-from stages.video_decode import sample_video
+from stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from stages.lib.video_decode import sample_video
 
 
 class VideoFramesOptions(StageOptions):
@@ -46,7 +46,7 @@ class VideoFrames(Stage):
     Options = VideoFramesOptions
 
     def setup(self) -> None:
-        self.decoder = Isolated(preload=("stages.video_decode", "decord", "av"))
+        self.decoder = Isolated(preload=("stages.lib.video_decode", "decord", "av"))
 
     def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
         size = len(batch["__key__"])

@@ -14,8 +14,8 @@ import stages.near_dedupe as near_module
 from pipeline.demo_data import source_photo
 from pipeline.mapreduce import LocalRunner
 from stages.base import DROP
-from stages.dedupe_common import keepers, priority_rank
-from stages.hamming import (
+from stages.lib.dedupe_common import keepers, priority_rank
+from stages.lib.hamming import (
     band_masks,
     brute_force_pairs,
     equal_key_pairs,
@@ -24,10 +24,10 @@ from stages.hamming import (
     plan_tables,
     unique_inverse,
 )
-from stages.image_hash import hamming, image_hash
+from stages.lib.image_hash import hamming, image_hash
+from stages.lib.semdedup import brute_force_keep, greedy_keep, normalize, reduce_clusters
 from stages.near_dedupe import close_pairs
 from stages.registry import build_stage
-from stages.semdedup import brute_force_keep, greedy_keep, normalize, reduce_clusters
 from tests.test_stages import batch_of
 
 

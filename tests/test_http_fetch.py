@@ -2,7 +2,7 @@
 
 import pytest
 
-from stages.http_fetch import (
+from stages.lib.http_fetch import (
     Connections,
     Failed,
     FetchPolicy,
@@ -100,8 +100,8 @@ def test_connections_dial_only_the_vetted_addresses(corpus):
     """After the guard vets a host's addresses, the socket goes to those and nowhere else:
     `pinned.invalid` never resolves, yet the request reaches the loopback server, with the
     URL's host in the Host header (so a second DNS answer could not redirect it)."""
-    from stages.http_fetch import exchange
-    from stages.url_guard import parse_url
+    from stages.lib.http_fetch import exchange
+    from stages.lib.url_guard import parse_url
 
     corpus.serve("/img/good", photo_bytes())
     target = parse_url(f"http://pinned.invalid:{corpus.server_address[1]}/img/good")

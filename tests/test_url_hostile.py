@@ -10,8 +10,8 @@ from ipaddress import ip_address
 
 import pytest
 
-from stages.http_fetch import Connections, Failed, FetchPolicy, check_url, fetch
-from stages.url_guard import (
+from stages.lib.http_fetch import Connections, Failed, FetchPolicy, check_url, fetch
+from stages.lib.url_guard import (
     embedded_ipv4,
     is_public_address,
     literal_address,

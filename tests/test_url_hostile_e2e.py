@@ -14,7 +14,7 @@ from pipeline.build import run_build
 from pipeline.config import BuildConfig
 from pipeline.sources import empty_batch
 from stages.base import DROP
-from stages.http_fetch import Connections, FetchPolicy, fetch
+from stages.lib.http_fetch import Connections, FetchPolicy, fetch
 from stages.registry import build_stage
 from tests.http_corpus import Corpus, photo_bytes
 

@@ -23,9 +23,9 @@ from pipeline.video_data import (
     read_frame_number,
     truncated,
 )
-from stages.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from stages.lib.video_decode import plan_indices, sample_video
 from stages.registry import build_stage
-from stages.video_decode import plan_indices, sample_video
 from trainer.config import TrainConfig
 from trainer.data import ImageTransform, ShardDataset
 from trainer.manifest import read_manifest
@@ -330,7 +330,7 @@ def test_videos_from_a_glob_a_list_on_s3_and_tar_shards(ray_session, s3, s3_buck
 
 
 def test_clip_split_of_an_odd_sized_video_crops_to_even_sides():
-    from stages.video_split import split_video
+    from stages.lib.video_split import split_video
 
     video = encode_video(48, 24, size=(251, 143), pixel_format="yuv444p", cuts=(24,))
     opts = {"mode": "scenes", "window_s": 1.0, "stride_s": None, "analysis_fps": 24,

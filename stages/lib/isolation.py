@@ -49,7 +49,7 @@ class Isolated:
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "stages.isolation", str(to_child_r), str(from_child_w)],
+            [sys.executable, "-m", "stages.lib.isolation", str(to_child_r), str(from_child_w)],
             pass_fds=(to_child_r, from_child_w),
             env=env,
             stdin=subprocess.DEVNULL,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stages.url_guard import Failed, Target, parse_url, redirect_target, vet_addresses
+from stages.lib.url_guard import Failed, Target, parse_url, redirect_target, vet_addresses
 
 REDIRECTS = {301, 302, 303, 307, 308}
 RETRYABLE = {429, 500, 502, 503, 504}

@@ -16,7 +16,7 @@ from typing import Any
 import av
 import numpy as np
 
-from stages.video_decode import NoFrames, NoVideoStream
+from stages.lib.video_decode import NoFrames, NoVideoStream
 
 
 def fixed_bounds(duration: float, window: float, stride: float) -> list[tuple[float, float]]:

@@ -1,6 +1,6 @@
 """Sample frames from video bytes: decord first, PyAV when decord cannot open the file.
 
-Pure functions (run inside the isolated decoder process, `stages.isolation`). Frame choice:
+Pure functions (run inside the isolated decoder process, `stages.lib.isolation`). Frame choice:
 - uniform: `num_frames` frames, frame i at the middle of the i-th of num_frames equal spans
 - fps: one frame every 1/fps seconds from the start (the nearest frame to each time)
 - keyframes: the container's keyframes (at most `num_frames` when set, evenly chosen)
