@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import os
 import random
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -17,7 +20,6 @@ from fsspec.core import url_to_fs
 from pipeline.config_io import ConfigError
 
 T = TypeVar("T")
-SECRET_WORDS = ("key", "secret", "token", "password", "credential")
 
 
 def absolute(url: str) -> str:
@@ -74,6 +76,21 @@ def transient_errors() -> tuple[type[BaseException], ...]:
     return (*errors, BotoConnectionError, HTTPClientError)
 
 
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """Every error a storage read may end with: OSError (missing, denied, I/O), timeouts, and
+    the client libraries' own types, which are not OSErrors (botocore's, aiohttp's)."""
+    errors = transient_errors()
+    with contextlib.suppress(ImportError):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        errors = (*errors, BotoCoreError, ClientError)
+    with contextlib.suppress(ImportError):
+        from aiohttp import ClientError as AiohttpClientError
+
+        errors = (*errors, AiohttpClientError)
+    return errors
+
+
 def with_retries(fn: Callable[[], T], attempts: int = 6, base_s: float = 0.25) -> T:
     """Call `fn`, retrying transient storage errors with exponential backoff and full jitter
     (at most ~16 s of sleeping, on top of the client's own retries)."""
@@ -116,18 +133,6 @@ def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:
         with_retries(lambda: fs.pipe_file(path, data))
 
 
-def redact(value: Any) -> Any:
-    """Copy of a config tree with secret-looking values replaced."""
-    if isinstance(value, dict):
-        return {
-            k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) and v else redact(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
-
-
 def write_parquet(table: pa.Table, url: str, storage_options: dict[str, Any]) -> None:
     """Write a table as one parquet object, atomically (signatures, metadata tables)."""
     buffer = io.BytesIO()
@@ -163,3 +168,26 @@ def remove_tree(fs: Any, path: str) -> None:
         except FileNotFoundError:
             pass
     fs.invalidate_cache(path)
+
+
+def subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *subclasses(sub)]
+    return found
+
+
+def release_sessions() -> None:
+    """Close this process's cached async filesystems (s3fs, gcsfs, HTTP) before it forks
+    workers; each is made again on its next use. Why: their sessions belong to this
+    process's event loop. A forked child inherits every instance still alive, cached or
+    garbage not yet collected, and when its collector frees one there, s3fs's finalizer
+    closes the session on whatever loop is running, the child's own ("Task exception was
+    never retrieved ... attached to a different loop"), or waits on this process's loop,
+    which no thread runs in the child. Dropped and collected here, they close in this
+    process, on their own loop."""
+    if "fsspec.asyn" not in sys.modules:
+        return  # no async filesystem was ever made here
+    for cls in subclasses(sys.modules["fsspec.asyn"].AsyncFileSystem):
+        cls.clear_instance_cache()
+    gc.collect()

@@ -43,6 +43,7 @@ RUN = [
     "--set output.shard_max_samples=5000",
     f".venv/bin/mmcurate report {DEMO}/build",
     ".venv/bin/mmcurate train configs/train_clip.yaml --set run.max_steps=20",
+    ".venv/bin/mmcurate eval configs/eval.yaml --out eval.json",
     "make demo",
 ]
 
@@ -200,6 +201,11 @@ def check(command: str, home: Path, s3, checkout: Path) -> None:
     elif command.startswith(".venv/bin/mmcurate train"):
         summary = json.loads((checkout / "runs/train_clip/summary.json").read_text())
         assert summary["steps"] == 20
+    elif command.startswith(".venv/bin/mmcurate eval"):
+        result = json.loads((checkout / "eval.json").read_text())
+        assert result["model"]["step"] == 20
+        assert 0 <= result["metrics"]["image_retrieval_recall@1"] <= 1
+        assert result["tasks"]["retrieval"]["samples"] > 0
     elif command == "make demo":
         assert (checkout / "demo-output/report.html").stat().st_size > 10_000
 

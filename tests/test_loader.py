@@ -216,13 +216,18 @@ def test_a_ring_slot_is_written_again_only_once_given_back():
     assert ring.claim() == 0
 
 
+def broken_tokenizer(texts: list[str]) -> torch.Tensor:
+    raise RuntimeError("the tokenizer broke")
+
+
 def test_a_failing_loader_worker_fails_the_training_loop(tmp_path, tiny_transform):
-    """A worker's exception reaches the training process with its traceback (here: every
-    sample of the first batch is unreadable, so there is nothing to substitute)."""
+    """A worker's exception (here: a bug, not bad data) reaches the training process with
+    its traceback."""
     manifest_path = write_uneven_shards(tmp_path, sizes=(32,))
-    (tmp_path / "shard-000000.tar").unlink()
-    dataset = ShardDataset(read_manifest(str(manifest_path)), *tiny_transform, batch_size=16)
-    with pytest.raises(RuntimeError, match="(?s)loader worker 0 failed.*whole batch"):
+    dataset = ShardDataset(
+        read_manifest(str(manifest_path)), tiny_transform[0], broken_tokenizer, batch_size=16
+    )
+    with pytest.raises(RuntimeError, match="(?s)loader worker 0 failed.*the tokenizer broke"):
         list(make_loader(dataset, workers=2, hold=1))
 
 

@@ -260,7 +260,7 @@ def test_streams_shards_from_an_fsspec_url(manifest_path):
         torch.device("cpu"),
     )
     dataset = ShardDataset(manifest, ImageTransform(preprocess), tokenizer, batch_size=4, seed=1)
-    images, tokens, keys = next(iter(dataset))
+    images, tokens, keys = next(iter(dataset))[:3]
     assert images.shape == (4, 3, 64, 64) and images.dtype == torch.uint8 and len(keys) == 4
     assert tokens.shape == (4, 32) and tokens.dtype == torch.long
     assert dataset.decode({"__key__": "k", "jpg": b"not a jpeg", "txt": b"x"}) is None

@@ -13,3 +13,14 @@ class Batch(NamedTuple):
     images: torch.Tensor | list[torch.Tensor]
     tokens: torch.Tensor  # [B, context_length]
     keys: list[str]  # the planned samples, in order (for audits and the resume tests)
+    # What the worker found since its previous batch: shards it skipped (indices among the
+    # dataset's shards, each reported once per worker) and samples it replaced by others.
+    skipped: tuple[int, ...] = ()
+    replaced: int = 0
+
+
+class NoData(NamedTuple):
+    """Sent by a worker instead of a batch when no shard holds a usable sample; the
+    loader raises trainer.manifest.NoUsableData with this message in the training process."""
+
+    message: str

@@ -1,8 +1,9 @@
 """A shard cache on local disk (NVMe), shared by every rank and loader worker on a node.
 
 - One download per shard per node: a process takes the shard's lock file exclusively, checks
-  again, downloads to a temporary file, checks its sha256 against the manifest (downloads
-  again, at most `RETRIES` times, on a mismatch) and renames it into place.
+  again, downloads to a temporary file, checks its size and sha256 against the manifest
+  (downloads again, at most `RETRIES` times, on a mismatch; then ShardCorrupt) and renames it
+  into place. A cached copy whose size is not the manifest's is downloaded again.
 - In use: readers hold a shared lock on the shard's lock file while they read it; eviction
   only takes shards whose lock it can get exclusively at once.
 - Byte limit: under one cache-wide lock, least recently used shards not in use are removed
@@ -23,14 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import fsspec
+from trainer.verify import RETRIES, ShardCorrupt, download_hashed, mismatch
 
-RETRIES = 2
-CHUNK = 8 << 20
-
-
-class ShardCorrupt(RuntimeError):
-    pass
+__all__ = ["RETRIES", "ShardCache", "ShardCorrupt", "flocked"]
 
 
 @contextlib.contextmanager
@@ -77,43 +73,49 @@ class ShardCache:
 
     def fetch(self, url: str, sha256: str | None, size: int) -> Path:
         path = self.path(url)
-        if path.exists():
+        if self.holds(path, size):
             self.count("hits")
             return path
         with flocked(self.lock_path(path), fcntl.LOCK_EX):
-            if path.exists():  # another process finished it while we waited
+            if self.holds(path, size):  # another process finished it while we waited
                 self.count("hits")
                 return path
-            tmp = self.download(url, sha256, path)
+            tmp = self.download(url, sha256, size, path)
             with flocked(self.folder / ".cache.lock", fcntl.LOCK_EX):
                 self.make_room(size, keep=path)
                 os.replace(tmp, path)
             self.count("misses")
         return path
 
-    def download(self, url: str, sha256: str | None, path: Path) -> Path:
+    def holds(self, path: Path, size: int | None) -> bool:
+        """Whether the cache has this shard. Why the size: a copy damaged on this disk (or
+        one an older version kept) is downloaded again rather than read."""
+        with contextlib.suppress(FileNotFoundError):  # evicted by another process just now
+            return size is None or path.stat().st_size == size
+        return False
+
+    def download(self, url: str, sha256: str | None, size: int | None, path: Path) -> Path:
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        problem = None
         try:
             for _ in range(RETRIES + 1):
-                if self.copy_checked(url, tmp, sha256):
+                problem = self.copy_checked(url, tmp, sha256, size)
+                if problem is None:
                     return tmp
         except BaseException:
             tmp.unlink(missing_ok=True)  # a failed download leaves nothing behind
             raise
         tmp.unlink(missing_ok=True)
-        raise ShardCorrupt(f"{url}: sha256 differs from the manifest after {RETRIES + 1} tries")
+        raise ShardCorrupt(f"{url}: {problem} (downloaded {RETRIES + 1} times)")
 
-    def copy_checked(self, url: str, tmp: Path, sha256: str | None) -> bool:
+    def copy_checked(self, url: str, tmp: Path, sha256: str | None, size: int | None) -> str | None:
         """Copy to `tmp`, synced to disk (a crash cannot leave a short shard under its final
-        name); True when the sha256 matches (or none is known)."""
-        digest = hashlib.sha256()
-        with fsspec.open(url, "rb", **self.storage_options) as src, open(tmp, "wb") as dst:
-            while chunk := src.read(CHUNK):
-                digest.update(chunk)
-                dst.write(chunk)
+        name); None when its size and sha256 match the manifest, else what differs."""
+        with open(tmp, "wb") as dst:
+            found = download_hashed(url, dst, self.storage_options)
             dst.flush()
             os.fsync(dst.fileno())
-        return sha256 is None or digest.hexdigest() == sha256
+        return mismatch(sha256, size, *found)
 
     def make_room(self, incoming: int, keep: Path) -> None:
         """Evict least recently used shards that nobody holds until `incoming` fits."""

@@ -78,3 +78,12 @@ def load_checkpoint(url: str, storage_options: dict | None = None) -> dict[str, 
     with fs.open(path, "rb") as f:
         # weights_only: our checkpoints hold only tensors and plain Python values.
         return torch.load(f, map_location="cpu", weights_only=True)
+
+
+# What `mmcurate train` writes as the checkpoint's "format" (trainer/train.py save_state).
+CHECKPOINT_FORMAT = "mmcurate-checkpoint/1"
+
+
+def is_train_checkpoint(state: Any) -> bool:
+    """True for a loaded `mmcurate train` checkpoint (its weights under "model")."""
+    return isinstance(state, dict) and state.get("format") == CHECKPOINT_FORMAT

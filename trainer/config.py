@@ -62,6 +62,9 @@ class DataConfig(_Section):
     seed: int = 0
     shuffle_buffer: int = Field(1000, ge=0)  # samples each worker shuffles among (0: off)
     gpu_decode: bool = False  # decode JPEGs (nvJPEG) and crop on the training device
+    # Streamed shards (no cache_dir): check each shard's size and sha256 before using it (a
+    # shard over 256 MiB spills to TMPDIR while checked); a mismatch skips it, as the cache does.
+    verify_shards: bool = True
 
     @field_validator("cache_limit")
     @classmethod

@@ -5,37 +5,31 @@ reads only its shard runs, front to back, holds raw samples until the shuffle bu
 them, and yields whole batches: `Batch(images, tokens, keys)`. The workers are the loader's
 own processes with reused shared-memory slots (trainer/ring.py) when the CPU trains, and a
 DataLoader's with pinned memory on CUDA (`make_loader`). Images leave the workers as uint8 after the
-geometric part of the train transform (4x less to pass between processes than float); the
-float conversion and normalization run on the training GPU (`ImageTransform.finish`), or in
-the workers when training on the CPU.
+geometric part of the train transform (trainer/transform.py; 4x less to pass between
+processes than float); the float conversion and normalization run on the training GPU
+(`ImageTransform.finish`), or in the workers when training on the CPU. Shards are read by
+trainer/reader.py: through the node's cache or streamed, verified against the manifest first,
+and skipped (counted, logged) when unusable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
-import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms import Compose, Normalize, RandomResizedCrop, ToTensor
-from torchvision.transforms.functional import pil_to_tensor
-from torchvision.transforms.v2.functional import resized_crop
 
-from pipeline.tario import iter_tar_samples
-from stages.base import FRAME_COLUMN, IMAGE_COLUMNS
-from trainer.batch import Batch
-from trainer.cache import ShardCache, ShardCorrupt
-from trainer.manifest import Manifest
+from pipeline.storage import release_sessions
+from stages.base import IMAGE_COLUMNS
+from trainer.batch import Batch, NoData
+from trainer.manifest import Manifest, NoUsableData, Shard
 from trainer.plan import (
     Layout,
     Segment,
@@ -45,128 +39,20 @@ from trainer.plan import (
     epoch_pieces,
     worker_plan,
 )
+from trainer.reader import ShardReader
 from trainer.ring import Ring, RingLoader, SlotRef, batch_priority
+from trainer.transform import (  # noqa: F401 - decode_rgb and open_image: for importers
+    ImageTransform,
+    decode_rgb,
+    frame_columns,
+    open_image,
+)
 
 log = logging.getLogger(__name__)
-RGB = ImageReadMode.RGB
 
-PREFETCH_SHARDS = 2  # shard runs a worker asks the cache to fetch ahead of the one it reads
 # Batches each worker may have ready ahead of the training step (torch's default is 2): the
 # deeper queue absorbs the workers' jitter (shard opens, slow samples, epoch restarts).
 PREFETCH_BATCHES = 4
-
-
-class ImageTransform:
-    """open_clip's train transform, split at ToTensor. In the workers: decode to a uint8
-    tensor (libjpeg-turbo through torchvision for JPEG, PIL otherwise), then the transform's
-    steps before ToTensor (RandomResizedCrop, ...) on that tensor, with torch's uint8 kernels:
-    about 3x faster than PIL's resize here, same crop distribution, bicubic antialiased.
-    `finish` (x / 255, Normalize) runs on the training device. A transform that does not end
-    in ToTensor + Normalize runs whole, on PIL images, in the workers."""
-
-    def __init__(self, preprocess: Callable[[Image.Image], torch.Tensor]) -> None:
-        steps = list(preprocess.transforms) if isinstance(preprocess, Compose) else []
-        split = (
-            len(steps) >= 2 and isinstance(steps[-2], ToTensor) and isinstance(steps[-1], Normalize)
-        )
-        self.full = preprocess
-        self.pil = Compose([fast_step(step) for step in steps[:-2]]) if split else None
-        self.mean = torch.tensor(steps[-1].mean).view(3, 1, 1) if split else None
-        self.std = torch.tensor(steps[-1].std).view(3, 1, 1) if split else None
-
-    def __call__(self, data: bytes) -> torch.Tensor:
-        """Encoded image bytes -> uint8 [3, H, W] (float when the transform does not split)."""
-        if self.pil is None:
-            return self.full(open_image(data).convert("RGB"))
-        return self.pil(decode_rgb(data))
-
-    def decode_on(self, images: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """Device decode: the batch's JPEG bytes (1-D) decoded together on `device` (nvJPEG
-        on CUDA), then the geometric steps there; other items arrive transformed. A file
-        the decoder rejects is replaced by another image of the batch, as in `collate`."""
-        encoded = [i for i, image in enumerate(images) if image.dim() == 1]
-        out: list[torch.Tensor | None] = [
-            None if image.dim() == 1 else image.to(device, non_blocking=True) for image in images
-        ]
-        try:
-            decoded = decode_jpeg([images[i] for i in encoded], mode=RGB, device=device)
-        except RuntimeError:  # one bad file fails the batch call: decode one by one on the CPU
-            decoded = [decode_or_none(images[i].numpy().tobytes(), device) for i in encoded]
-        for i, image in zip(encoded, decoded, strict=True):
-            out[i] = None if image is None else self.pil(image)
-        good = [image for image in out if image is not None]
-        if not good:
-            raise RuntimeError("a whole batch of JPEGs failed to decode")
-        return torch.stack([image if image is not None else good[0] for image in out])
-
-    def finish_on(
-        self, images: torch.Tensor | list[torch.Tensor], device: torch.device
-    ) -> torch.Tensor:
-        """A batch as the loader yields it -> normalized float on `device`."""
-        if isinstance(images, list):  # data.gpu_decode: JPEGs decode here
-            return self.finish(self.decode_on(images, device))
-        return self.finish(images.to(device, non_blocking=True))
-
-    def finish(self, images: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """uint8 -> normalized float on the images' device (float input passes through),
-        written into `out` when it is a float tensor of the same shape."""
-        if images.dtype != torch.uint8 or self.mean is None:
-            return images.float()
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
-        if out is not None and out.shape == images.shape and out.dtype == torch.float32:
-            scaled = torch.div(images, 255, out=out)
-        else:
-            scaled = images.float().div_(255)
-        return scaled.sub_(mean).div_(std)
-
-
-class ResizedCropU8:
-    """A RandomResizedCrop drawing the same crop (its own `get_params`, the same random
-    numbers) and resizing with torchvision v2's uint8 kernel: v1 on a tensor resizes in float,
-    about 3x slower."""
-
-    def __init__(self, crop: RandomResizedCrop) -> None:
-        self.crop = crop
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        c = self.crop
-        top, left, height, width = c.get_params(image, c.scale, c.ratio)
-        return resized_crop(
-            image, top, left, height, width, c.size, c.interpolation, antialias=c.antialias
-        )
-
-
-def fast_step(step: Callable) -> Callable:
-    return ResizedCropU8(step) if type(step) is RandomResizedCrop else step
-
-
-def decode_or_none(data: bytes, device: torch.device) -> torch.Tensor | None:
-    try:
-        return decode_rgb(data).to(device)
-    except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):
-        return None
-
-
-def decode_rgb(data: bytes) -> torch.Tensor:
-    """uint8 [3, H, W] RGB. PIL reads the header first, so its decompression-bomb limit
-    applies to JPEGs too."""
-    image = Image.open(io.BytesIO(data))
-    if image.format == "JPEG":
-        with contextlib.suppress(RuntimeError):  # e.g. a CMYK JPEG: PIL handles it below
-            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=RGB)
-    image.load()
-    return pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
-
-
-def frame_columns(sample: dict[str, Any]) -> list[str]:
-    """A video sample's sampled frames (`000.jpg`, `001.jpg`, ...) in order."""
-    return sorted(c for c in sample if FRAME_COLUMN.match(c))
-
-
-def open_image(data: bytes) -> Image.Image:
-    image = Image.open(io.BytesIO(data))
-    image.load()
-    return image
 
 
 @dataclass
@@ -175,6 +61,22 @@ class Counters:
 
     samples: int = 0
     substituted: int = 0  # undecodable or missing samples replaced to keep batches full
+    reported: int = 0  # of `substituted`, those already passed on with a batch
+
+
+def mixed(
+    manifest: Manifest | Sequence[tuple[Manifest, float]],
+) -> tuple[list[Shard], list[Source]]:
+    """All shards, and each manifest's as a Source: one manifest, or several with weights
+    (samples per epoch = weight x samples)."""
+    mix = [(manifest, 1.0)] if isinstance(manifest, Manifest) else list(manifest)
+    shards, sources = [], []
+    for source, weight in mix:
+        first = len(shards)
+        shards += source.shards
+        sizes = tuple(shard.samples for shard in source.shards)
+        sources.append(Source(tuple(range(first, len(shards))), sizes, weight))
+    return shards, sources
 
 
 class ShardDataset(IterableDataset):
@@ -201,15 +103,9 @@ class ShardDataset(IterableDataset):
         finish_in_workers: bool = False,
         storage_options: dict[str, Any] | None = None,
         cache: tuple[str, int] | None = None,
+        verify: bool = True,
     ) -> None:
-        # One manifest, or several with weights (samples per epoch = weight x samples).
-        mix = [(manifest, 1.0)] if isinstance(manifest, Manifest) else list(manifest)
-        self.shards, self.sources = [], []
-        for source, weight in mix:
-            first = len(self.shards)
-            self.shards += source.shards
-            sizes = tuple(shard.samples for shard in source.shards)
-            self.sources.append(Source(tuple(range(first, len(self.shards))), sizes, weight))
+        self.shards, self.sources = mixed(manifest)
         self.epoch_samples = sum(source.quota for source in self.sources)
         self.transform, self.tokenizer = transform, tokenizer
         self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
@@ -225,7 +121,8 @@ class ShardDataset(IterableDataset):
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self.storage_options = dict(storage_options or {})
         self.cache_spec = cache  # (folder, byte limit): read shards through a local ShardCache
-        self._cache: ShardCache | None = None
+        self.verify = verify  # streamed shards: check size and sha256 before using them
+        self._reader: tuple[int, ShardReader] | None = None  # (process id, reader), as _pool
         self.epoch = 0
         self.epochs: int | None = 1  # epochs one iteration runs through; None: endless
         self.resume: tuple[int, int] | None = None  # (epoch, batches the rank consumed)
@@ -234,10 +131,11 @@ class ShardDataset(IterableDataset):
         self.worker_place: tuple[int, int] | None = None
         self.ring_slots, self.ring_free = 0, None
         self._ring: Ring | None = None  # this worker's, made with its first batch
+        self._last: Batch | None = None  # its previous batch (one with no usable sample repeats it)
 
     def __getstate__(self) -> dict[str, Any]:
         # Why: a thread pool cannot be pickled (a spawned worker makes its own).
-        return {**self.__dict__, "_pool": None}
+        return {**self.__dict__, "_pool": None, "_reader": None, "_last": None}
 
     def start_worker(self, worker: int, workers: int, slots: int, free: Any) -> None:
         """Called in a RingLoader worker: its place, and the slots of its ring."""
@@ -280,36 +178,32 @@ class ShardDataset(IterableDataset):
         consumed = self.resume[1] if self.resume and self.resume[0] == self.epoch else 0
         return self.stream(self.epoch, consumed, self.epochs)
 
-    def stream(self, epoch: int, consumed: int, epochs: int | None) -> Iterator[Batch | SlotRef]:
+    def stream(
+        self, epoch: int, consumed: int, epochs: int | None
+    ) -> Iterator[Batch | SlotRef | NoData]:
         """This worker's batches, epoch after epoch. The DataLoader takes batches from its
         workers round-robin, starting at worker 0, so the epoch plan's worker ids are rotated
         by the batches taken before each epoch: after a resume (the `consumed` batches) and
-        at every later epoch, the next batch then comes from the worker the plan gives it."""
+        at every later epoch, the next batch then comes from the worker the plan gives it.
+        Ends with NoData when no shard holds a usable sample."""
         info = get_worker_info()
         worker, workers = self.worker_place or ((info.id, info.num_workers) if info else (0, 1))
         taken = -consumed  # batches all workers yielded in this iteration before `epoch`
         last = None if epochs is None else epoch + epochs - 1
-        while last is None or epoch <= last:
-            layout = Layout(self.rank, self.world, (worker - taken) % workers, workers)
-            yield from self.batches(self.plan(epoch, layout, consumed), epoch)
-            taken += self.batches_per_epoch()
-            epoch, consumed = epoch + 1, 0
+        self._last = None
+        try:
+            while last is None or epoch <= last:
+                layout = Layout(self.rank, self.world, (worker - taken) % workers, workers)
+                yield from self.batches(self.plan(epoch, layout, consumed), epoch)
+                taken += self.batches_per_epoch()
+                epoch, consumed = epoch + 1, 0
+        except NoUsableData as err:
+            yield NoData(str(err))
 
     def batches(self, plan: WorkerPlan, epoch: int) -> Iterator[Batch | SlotRef]:
         samples = self.emitted(plan)
-        last: Batch | None = None
         for _ in range(plan.batches):
-            raws = [next(samples) for _ in range(self.batch_size)]
-            ring = self._ring
-            slot = ring.claim() if ring else None
-            last = self.collate(raws, last, epoch, ring.out(slot) if slot is not None else None)
-            if ring is None and self.ring_free is not None and Ring.holds(last):
-                ring = self._ring = Ring(self.ring_slots, last, self.ring_free)
-                slot = ring.claim()
-            sent = ring.store(slot, last) if slot is not None else None
-            if slot is not None and sent is None:  # sent whole: it may lie in the freed slot
-                last = Batch(last.images.clone(), last.tokens.clone(), last.keys)
-            yield sent or last
+            yield self.send([next(samples) for _ in range(self.batch_size)], epoch)
         if self.counters.substituted:
             log.warning(
                 "epoch %d: %d of %d samples were unusable and replaced by others of their batch",
@@ -317,6 +211,26 @@ class ShardDataset(IterableDataset):
                 self.counters.substituted,
                 self.counters.samples,
             )
+
+    def send(self, raws: list[tuple[int, dict[str, Any] | None]], epoch: int) -> Batch | SlotRef:
+        """The next batch, collated into this worker's next ring slot when there is one, with
+        what the worker found unusable since its previous batch."""
+        ring = self._ring
+        slot = ring.claim() if ring else None
+        batch = self.collate(raws, self._last, epoch, ring.out(slot) if slot is not None else None)
+        counters = self.counters
+        batch = batch._replace(
+            skipped=self.reader().take_skipped(), replaced=counters.substituted - counters.reported
+        )
+        counters.reported = counters.substituted
+        if ring is None and self.ring_free is not None and Ring.holds(batch):
+            ring = self._ring = Ring(self.ring_slots, batch, self.ring_free)
+            slot = ring.claim()
+        sent = ring.store(slot, batch) if slot is not None else None
+        if slot is not None and sent is None:  # sent whole: it may lie in the freed slot
+            batch = batch._replace(images=batch.images.clone(), tokens=batch.tokens.clone())
+        self._last = batch
+        return sent or batch
 
     def emitted(self, plan: WorkerPlan) -> Iterator[tuple[int, dict[str, Any] | None]]:
         """(position, raw sample) in the plan's emission order, holding read-ahead samples
@@ -333,39 +247,15 @@ class ShardDataset(IterableDataset):
     def read_positions(
         self, runs: Sequence[Segment]
     ) -> Iterator[tuple[int, dict[str, Any] | None]]:
-        for index, run in enumerate(runs):
-            if self.cache_spec:
-                ahead = runs[index + 1 : index + 1 + PREFETCH_SHARDS]
-                self.cache().prefetch([self.shard_entry(r.shard) for r in ahead])
-            delivered = 0
-            try:
-                with self.open_shard(run.shard) as f:
-                    for sample in iter_tar_samples(f, run.start, run.stop):
-                        yield run.position + delivered, sample
-                        delivered += 1
-            # Why broad: storage backends raise their own errors; the cache already retried.
-            except (OSError, tarfile.TarError, ShardCorrupt) as err:
-                log.warning(
-                    "%s: %s; its unread samples are replaced", self.shards[run.shard].url, err
-                )
-            for offset in range(delivered, run.stop - run.start):  # short or unreadable shard
-                yield run.position + offset, None
+        """(epoch position, raw sample or None) for every position of the runs, in order."""
+        return self.reader().positions(runs)
 
-    def cache(self) -> ShardCache:
-        """This process's handle on the node's shard cache (made after the worker forks)."""
-        if self._cache is None:
-            folder, limit = self.cache_spec
-            self._cache = ShardCache(folder, limit, self.storage_options)
-        return self._cache
-
-    def shard_entry(self, index: int) -> tuple[str, str | None, int]:
-        shard = self.shards[index]
-        return shard.url, shard.sha256, shard.bytes
-
-    def open_shard(self, index: int) -> Any:
-        if self.cache_spec:
-            return self.cache().open(*self.shard_entry(index))
-        return fsspec.open(self.shards[index].url, "rb", **self.storage_options)
+    def reader(self) -> ShardReader:
+        """This process's shard reader (made after a worker forks, like its cache handle)."""
+        if self._reader is None or self._reader[0] != os.getpid():
+            reader = ShardReader(self.shards, self.storage_options, self.cache_spec, self.verify)
+            self._reader = (os.getpid(), reader)
+        return self._reader[1]
 
     def collate(
         self,
@@ -375,26 +265,46 @@ class ShardDataset(IterableDataset):
         out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Batch:
         """Decode one batch, its images stacked into `out` (a ring slot) when they fit. An
-        unusable sample is replaced by a usable one of the same batch (or of the previous
-        batch), so every rank still yields full, equal batches."""
+        unusable sample is replaced by a usable one of the same batch; a batch with none is
+        the previous batch again, or, in a worker's first batch, made of stand-ins. So every
+        rank still yields full, equal batches."""
         items = self.decode_all(raws)
         good = [item for item in items if item is not None]
         self.counters.samples += len(items)
         self.counters.substituted += len(items) - len(good)
-        if not good:
-            if previous is None:
-                raise RuntimeError(f"epoch {epoch}: a whole batch of samples is unusable")
+        keys = [raw["__key__"] if raw is not None else "" for _, raw in raws]  # as planned
+        if not good and previous is not None:
             # A copy: `previous` may be a view into a ring slot that is reused later.
             images = previous.images
             images = list(images) if isinstance(images, list) else images.clone()
-            return Batch(images, previous.tokens.clone(), previous.keys)
+            return Batch(images, previous.tokens.clone(), keys)
+        if not good:
+            good = self.stand_ins(epoch)
         filled = [item if item is not None else good[i % len(good)] for i, item in enumerate(items)]
         images = [image for image, _ in filled]
         if not any(image.dim() == 1 for image in images):  # nothing left for the device
             images = self.stack(images, out[0] if out else None)
-        tokens = self.tokenizer([text for _, text in filled])
-        keys = [raw["__key__"] if raw is not None else "" for _, raw in raws]
-        return Batch(images, tokens, keys)
+        return Batch(images, self.tokenizer([text for _, text in filled]), keys)
+
+    def stand_ins(self, epoch: int) -> list[tuple[torch.Tensor, str]]:
+        """Usable samples (a batch's worth at most) from the first shards, in manifest order,
+        that hold any: for a worker's first batch when none of its own samples is usable.
+        NoUsableData when no shard holds one: training cannot go on."""
+        reader, found = self.reader(), []
+        for index in range(len(self.shards)):
+            for sample in reader.samples(index):
+                item = self.decode(sample)
+                if item is not None:
+                    found.append(item)
+                if len(found) == self.batch_size:
+                    return found
+        if found:
+            return found
+        raise NoUsableData(
+            f"no usable data: none of the {len(self.shards)} shards holds a sample that can be "
+            f"read and decoded (epoch {epoch}; {len(reader.logged)} shards skipped, see the "
+            "warnings above)"
+        )
 
     def decode_all(self, raws: list[tuple[int, dict[str, Any] | None]]) -> list:
         """Each sample decoded, in order. With several threads (decode and resize run
@@ -477,8 +387,13 @@ class Batches:
         self.loader = loader
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.loader.num_workers:
+            release_sessions()  # none of this process's storage sessions go into the workers
         return closable(iter(self.loader))
 
 
-def closable(items: Iterator[Batch]) -> Iterator[Batch]:
-    yield from items
+def closable(items: Iterator[Batch | NoData]) -> Iterator[Batch]:
+    for item in items:
+        if isinstance(item, NoData):
+            raise NoUsableData(item.message)
+        yield item

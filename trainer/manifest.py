@@ -19,6 +19,10 @@ class ManifestError(RuntimeError):
     """The manifest is missing, unreadable or malformed; reported as one line."""
 
 
+class NoUsableData(ManifestError):
+    """None of the manifest's shards holds a usable sample; reported as one line."""
+
+
 @dataclass(frozen=True)
 class Shard:
     url: str  # absolute: the manifest's folder joined with the shard name

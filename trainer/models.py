@@ -6,15 +6,28 @@ download: open_clip's default SimpleTokenizer ships its BPE vocabulary inside th
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Callable
+import pickle
+import posixpath
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import open_clip
 import torch
 
 from pipeline.config_io import ConfigError
+from pipeline.storage import absolute, filesystem, is_local
+from trainer.checkpoint import (
+    is_train_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer.config import ModelConfig
 
 MODEL_CONFIG_DIR = Path(__file__).with_name("model_configs")
@@ -41,3 +54,164 @@ def build_model(
     )
     tokenizer = open_clip.get_tokenizer(cfg.name)
     return model, preprocess_train, tokenizer
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where a model's weights come from: none (random init), an open_clip pretrained tag,
+    or a file (an `mmcurate train` checkpoint or a plain open_clip .pt; local or a URL)."""
+
+    kind: Literal["none", "tag", "file"]
+    source: str | None = None
+
+
+def resolve_weights(
+    name: str, pretrained: str | None, storage_options: dict[str, Any] | None = None
+) -> Weights:
+    """Check `model.pretrained` without loading anything: a file, a run folder (its newest
+    checkpoint), or a tag open_clip knows for `name`. Raises ConfigError on one line."""
+    if not known_model(name):
+        raise ConfigError(f"model.name: unknown open_clip model {name!r}")
+    if pretrained is None:
+        return Weights("none")
+    fs, path = filesystem(pretrained, storage_options)
+    try:
+        if fs.isfile(path):
+            return Weights("file", absolute(pretrained))
+        if fs.isdir(path):
+            newest = latest_checkpoint(absolute(pretrained), storage_options)
+            if newest is None:
+                raise ConfigError(f"model.pretrained: {pretrained} holds no checkpoints/step-N.pt")
+            return Weights("file", newest)
+    # Why broad: each storage backend raises its own error types (botocore, aiohttp, OSError).
+    except Exception as err:  # noqa: BLE001
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"model.pretrained: cannot read {pretrained}: {err}") from None
+    if ":" not in name and pretrained in open_clip.list_pretrained_tags_by_model(name):
+        return Weights("tag", pretrained)
+    raise ConfigError(
+        f"model.pretrained: {pretrained!r} is not a file, a run folder or a pretrained tag "
+        f"of {name}"
+    )
+
+
+def load_eval_model(
+    name: str, weights: Weights, device: torch.device, storage_options: dict | None = None
+) -> tuple[torch.nn.Module, Callable[[Any], torch.Tensor], Callable[..., torch.Tensor], dict]:
+    """(model in eval mode on `device`, the eval image transform, the tokenizer, what was
+    loaded: {"kind": none|tag|mmcurate-checkpoint|open_clip-file, "step"?}). Weights that do
+    not load raise ConfigError (one line)."""
+    try:
+        state = read_state(weights, storage_options)
+        if is_train_checkpoint(state):
+            model, preprocess = from_train_checkpoint(name, weights.source, state)
+            info = {"kind": "mmcurate-checkpoint", "step": state.get("step")}
+        elif weights.kind == "file":
+            # A plain open_clip file: open_clip's own loader (state_dict key, module. prefixes).
+            with no_random_init_warning():
+                model, _, preprocess = open_clip.create_model_and_transforms(name)
+            with local_file(weights.source, storage_options) as path:
+                open_clip.load_checkpoint(model, path)
+            info = {"kind": "open_clip-file"}
+        else:
+            tag = weights.source
+            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=tag)
+            info = {"kind": weights.kind}
+    except ConfigError:
+        raise
+    # Why these: what torch.load and load_state_dict raise for a file that is not these weights.
+    except (RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(
+            f"model.pretrained: {weights.source} does not load as {name}: "
+            f"{type(err).__name__}: {first}"
+        ) from None
+    return model.to(device).eval(), preprocess, open_clip.get_tokenizer(name), info
+
+
+def read_state(weights: Weights, storage_options: dict | None) -> Any:
+    """The loaded file when torch reads it as plain data (our checkpoints are), else None:
+    open_clip's loader then gets its turn (TorchScript archives, ...)."""
+    if weights.kind != "file":
+        return None
+    try:
+        return load_checkpoint(weights.source, storage_options)
+    except (RuntimeError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def from_train_checkpoint(
+    name: str, source: str, state: dict[str, Any]
+) -> tuple[torch.nn.Module, Callable[[Any], torch.Tensor]]:
+    trained = state.get("config", {}).get("model", {}).get("name", name)
+    if trained != name:
+        raise ConfigError(f"model.name: {name!r}, but {source} trained {trained!r}")
+    # SigLIP's learned bias (loss: siglip) needs the parameter to load into.
+    extra = {"init_logit_bias": -10.0} if "logit_bias" in state["model"] else {}
+    with no_random_init_warning():
+        model, _, preprocess = open_clip.create_model_and_transforms(name, **extra)
+    model.load_state_dict(state["model"])
+    return model, preprocess
+
+
+@contextlib.contextmanager
+def local_file(url: str, storage_options: dict | None) -> Iterator[str]:
+    """A local path for open_clip's loader (which reads only local files); a remote file is
+    downloaded to a temporary folder, removed afterwards."""
+    fs, path = filesystem(url, storage_options)
+    if is_local(fs):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="mmcurate-weights-") as folder:
+        target = str(Path(folder) / posixpath.basename(path))
+        fs.get_file(path, target)
+        yield target
+
+
+def open_clip_state_dict(state: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    """A model state dict that `open_clip.create_model_and_transforms(name, pretrained=PATH)`
+    loads strictly: SigLIP's learned bias is left out when `name`'s own config has none (a
+    model trained with `loss: siglip` on a CLIP architecture). The same tensors, not copies."""
+    config = open_clip.get_model_config(name) if ":" not in name else None
+    keep_bias = config is None or config.get("init_logit_bias") is not None
+    return {k: v for k, v in state.items() if keep_bias or k != "logit_bias"}
+
+
+@contextlib.contextmanager
+def no_random_init_warning() -> Iterator[None]:
+    """Hide open_clip's "initialized randomly" warning for a model whose weights we load next."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "initialized randomly" not in record.getMessage()
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+
+
+def export_open_clip(
+    checkpoint: str, out: str, storage_options: dict | None = None
+) -> dict[str, Any]:
+    """Write an `mmcurate train` checkpoint's weights as a file plain open_clip loads with
+    `create_model_and_transforms(name, pretrained=out)`: {"state_dict": ..., "mmcurate":
+    {"name", "step", "source"}}, plus "logit_bias" when SigLIP's bias had to be left out."""
+    try:
+        state = load_checkpoint(checkpoint, storage_options)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise ConfigError(f"--export: cannot read {checkpoint}: {err}") from None
+    if not is_train_checkpoint(state):
+        raise ConfigError(f"--export: {checkpoint} is not an `mmcurate train` checkpoint")
+    name = state.get("config", {}).get("model", {}).get("name", "")
+    weights = open_clip_state_dict(state["model"], name)
+    doc: dict[str, Any] = {
+        "state_dict": weights,
+        "mmcurate": {"name": name, "step": state.get("step"), "source": checkpoint},
+    }
+    if "logit_bias" in state["model"] and "logit_bias" not in weights:
+        doc["logit_bias"] = state["model"]["logit_bias"]
+    save_checkpoint(out, doc, storage_options)
+    return {"exported": out, "name": name, "step": state.get("step")}

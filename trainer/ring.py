@@ -29,7 +29,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trainer.batch import Batch
+from pipeline.storage import release_sessions
+from trainer.batch import Batch, NoData
+from trainer.manifest import NoUsableData
 
 WAIT_S = 5.0  # how often a waiting training process checks that the worker is still alive
 
@@ -86,7 +88,8 @@ class Ring:
             images.copy_(batch.images)
         tokens.copy_(batch.tokens)
         self.written += 1
-        ref = SlotRef(None if self.announced else self, self.key, slot, batch.keys)
+        announce = None if self.announced else self
+        ref = SlotRef(announce, self.key, slot, batch.keys, batch.skipped, batch.replaced)
         self.announced = True  # the tensors travel once, with the first message
         return ref
 
@@ -96,6 +99,8 @@ class SlotRef(NamedTuple):
     key: str
     slot: int
     keys: list[str]
+    skipped: tuple[int, ...] = ()  # as in Batch
+    replaced: int = 0
 
 
 class Done(NamedTuple):
@@ -138,6 +143,7 @@ class RingLoader:
             )
             for worker in range(self.workers)
         ]
+        release_sessions()  # none of this process's storage sessions go into the workers
         for process in processes:
             process.start()
         return self.views(processes, queues, free, stop)
@@ -156,6 +162,8 @@ class RingLoader:
                     turn = turn % len(active) if active else 0
                     continue
                 turn = (turn + 1) % len(active)
+                if isinstance(item, NoData):
+                    raise NoUsableData(item.message)
                 yield view(item, rings, held, worker)
                 while len(held) >= self.hold:  # the next draw: the oldest held slot is free
                     worker, slotted = held.popleft()
@@ -197,7 +205,7 @@ def view(item: Any, rings: dict[str, Ring], held: deque, worker: int) -> Batch:
         rings[item.key] = item.ring
     held.append((worker, True))
     ring = rings[item.key]
-    return Batch(ring.images[item.slot], ring.tokens[item.slot], item.keys)
+    return Batch(ring.images[item.slot], ring.tokens[item.slot], *item[3:])
 
 
 def work(

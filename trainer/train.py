@@ -25,7 +25,7 @@ import os
 import posixpath
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,6 +40,7 @@ from tqdm import tqdm
 from pipeline.config_io import ConfigError
 from pipeline.storage import join
 from trainer.checkpoint import (
+    CHECKPOINT_FORMAT,
     checkpoint_exists,
     checkpoint_path,
     checkpoint_step,
@@ -50,7 +51,7 @@ from trainer.checkpoint import (
 from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
 from trainer.manifest import Manifest, read_manifest
-from trainer.models import build_model
+from trainer.models import build_model, open_clip_state_dict
 from trainer.outputs import RunLogs, remove_run
 from trainer.plan import batches_per_rank
 
@@ -98,6 +99,11 @@ class LoopState:
     epoch: int = 0
     samples_seen: int = 0  # since the start of training, all ranks
     batches_in_epoch: int = 0  # batches this rank consumed in the current epoch
+    # Unusable data in the batches this rank trained on: shards its loader skipped (indices
+    # among the dataset's shards) and samples replaced by others. After a resume every rank
+    # holds the earlier run's skipped shards and rank 0 its replaced samples.
+    skipped_shards: set[int] = field(default_factory=set)
+    replaced_samples: int = 0
 
 
 @dataclass
@@ -188,7 +194,9 @@ class DevicePrefetcher:
 
     def to_device(self, batch: Batch) -> Batch:
         tokens = batch.tokens.to(self.device, non_blocking=True)
-        return Batch(self.transform.finish_on(batch.images, self.device), tokens, batch.keys)
+        return batch._replace(
+            images=self.transform.finish_on(batch.images, self.device), tokens=tokens
+        )
 
     def __iter__(self) -> Iterator[Batch]:
         if self.device.type != "cuda":
@@ -322,7 +330,22 @@ def loader_state(
         "shuffle_buffer": cfg.data.shuffle_buffer,
         "accum_freq": cfg.optim.accum_freq,
         "manifest_samples": manifest_samples,
+        "skipped_shards": sorted(state.skipped_shards),
+        "replaced_samples": state.replaced_samples,
     }
+
+
+def data_totals(state: LoopState, place: Dist, shards: int) -> tuple[set[int], int]:
+    """All ranks' skipped shards (distinct) and replaced samples so far. One all-reduce:
+    every rank calls this at the same steps (logging, checkpoints, the end)."""
+    if place.world == 1:
+        return set(state.skipped_shards), state.replaced_samples
+    marks = torch.zeros(shards + 1, dtype=torch.int64, device=place.device)
+    if state.skipped_shards:
+        marks[sorted(state.skipped_shards)] = 1
+    marks[-1] = state.replaced_samples
+    dist.all_reduce(marks)
+    return set(torch.nonzero(marks[:-1]).flatten().tolist()), int(marks[-1].item())
 
 
 def save_state(
@@ -333,13 +356,17 @@ def save_state(
     manifest_samples: int,
     staging: Path | None = None,
 ) -> str:
-    """Checkpoint model, optimizer, schedule, loader position and the resolved config."""
+    """Checkpoint model, optimizer, schedule, loader position and the resolved config. The
+    weights are also under `state_dict` as plain open_clip loads them (the same tensors: saved
+    once), so `create_model_and_transforms(name, pretrained=PATH)` takes the file as it is."""
+    weights = parts.core.state_dict()
     return save_checkpoint(
         checkpoint_path(cfg.run.output, state.step),
         {
-            "format": "mmcurate-checkpoint/1",
+            "format": CHECKPOINT_FORMAT,
             "step": state.step,
-            "model": parts.core.state_dict(),
+            "model": weights,
+            "state_dict": open_clip_state_dict(weights, cfg.model.name),
             "optimizer": parts.optimizer.state_dict(),
             "scheduler": parts.scheduler.state_dict(),
             "scaler": parts.scaler.state_dict(),
@@ -377,6 +404,8 @@ def restore_state(
         epoch=saved["epoch"],
         samples_seen=saved["samples_seen"],
         batches_in_epoch=saved.get("batches_in_epoch", 0),
+        skipped_shards=set(saved.get("skipped_shards", ())),
+        replaced_samples=saved.get("replaced_samples", 0),
     )
 
 
@@ -466,6 +495,9 @@ class Trainer:
         if state.batches_in_epoch >= self.epoch_batches:  # epochs hold whole steps
             state.epoch, state.batches_in_epoch = state.epoch + 1, 0
         state.samples_seen += sum(len(b.keys) for b in group) * self.place.world
+        for batch in group:
+            state.skipped_shards.update(batch.skipped)
+            state.replaced_samples += batch.replaced
         if self.sample_log:
             keys = [key for batch in group for key in batch.keys]
             self.sample_log.write(json.dumps({"step": state.step, "keys": keys}) + "\n")
@@ -487,10 +519,12 @@ class Trainer:
             self.upload_logs()
             if self.place.world > 1:
                 dist.barrier()
+        skipped, replaced = self.totals()  # all ranks': rank 0 saves them
         if self.place.rank == 0:
             samples = self.dataset.epoch_samples
+            state = replace(self.state, skipped_shards=skipped, replaced_samples=replaced)
             self.checkpoint = save_state(
-                self.parts, self.state, self.cfg, self.place.world, samples, self.logs.folder
+                self.parts, state, self.cfg, self.place.world, samples, self.logs.folder
             )
         else:
             self.checkpoint = checkpoint_path(self.cfg.run.output, self.state.step)
@@ -504,8 +538,48 @@ class Trainer:
             self.board.flush()
         self.logs.upload()
 
+    def resume(self, checkpoint: str, manifest_samples: int) -> None:
+        state = restore_state(self.parts, checkpoint, self.cfg, self.place.world, manifest_samples)
+        if self.place.rank:  # rank 0 carries the earlier total on (a sum over ranks)
+            state.replaced_samples = 0
+        self.state, self.checkpoint = state, checkpoint
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary; every rank calls it (the data totals are all ranks')."""
+        skipped, replaced = self.totals()
+        if skipped and self.place.rank == 0:
+            log.warning(
+                "%d of %d shards were unusable and skipped (the warnings above say why); "
+                "%d samples were replaced by others",
+                len(skipped),
+                len(self.dataset.shards),
+                replaced,
+            )
+        output = self.cfg.run.output
+        return {
+            "steps": self.state.step,
+            "samples": self.state.samples_seen,
+            "epoch": self.state.epoch,
+            "rank": self.place.rank,
+            "world": self.place.world,
+            "first_loss": self.first_loss,
+            "last_loss": self.last_loss.item() if self.last_loss is not None else None,
+            "device": str(self.place.device),
+            "output": output,
+            "metrics": join(output, "metrics.jsonl"),
+            "checkpoint": self.checkpoint,
+            "skipped_shards": len(skipped),  # unusable shards skipped, all ranks
+            "replaced_samples": replaced,  # batch places filled with another sample, all ranks
+        }
+
+    def totals(self) -> tuple[set[int], int]:
+        """(skipped shards, replaced samples) of all ranks so far (a collective call)."""
+        return data_totals(self.state, self.place, len(self.dataset.shards))
+
     def log(self, lr: float) -> None:
+        skipped, replaced = self.totals()
         row = self.meter.flush(self.state) | {"lr": lr}
+        row |= {"skipped_shards": len(skipped), "replaced_samples": replaced}
         self.bar.set_postfix(
             loss=f"{row['loss']:.3f}",
             samples_s=f"{row['samples_per_s']:.0f}",
@@ -594,6 +668,7 @@ def make_dataset(
         finish_in_workers=place.device.type != "cuda",
         storage_options=cfg.storage_options,
         cache=cache,
+        verify=cfg.data.verify_shards,
     )
 
 
@@ -690,27 +765,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             trainer.board = tensorboard_writer(folder)
             files.callback(trainer.board.close)
         if previous:
-            trainer.state = restore_state(parts, previous, cfg, place.world, total)
-            trainer.checkpoint = previous
+            trainer.resume(previous, total)
         trainer.fit()
+        summary = trainer.summary()  # every rank, before the process group goes
     if place.world > 1:
         dist.barrier()  # rank 0's final checkpoint is on disk before any rank reports done
     if place.owns_group:
         dist.destroy_process_group()
-    last = trainer.last_loss.item() if trainer.last_loss is not None else None
-    summary = {
-        "steps": trainer.state.step,
-        "samples": trainer.state.samples_seen,
-        "epoch": trainer.state.epoch,
-        "rank": place.rank,
-        "world": place.world,
-        "first_loss": trainer.first_loss,
-        "last_loss": last,
-        "device": str(place.device),
-        "output": output,
-        "metrics": join(output, "metrics.jsonl"),
-        "checkpoint": trainer.checkpoint,
-    }
     if place.rank == 0:
         (folder / "summary.json").write_text(json.dumps(summary))
     logs.finish()
