@@ -29,12 +29,12 @@ demo: install
 	$(BIN)/mmcurate demo --out demo-output
 
 test: install
-	$(BIN)/ruff check pipeline stages trainer tests bench
+	$(BIN)/ruff check core pipeline stages trainer tests bench
 	$(BIN)/python -m pytest -x -q
 
 lint: install
-	$(BIN)/ruff check pipeline stages trainer tests bench
-	$(BIN)/ruff format --check pipeline stages trainer tests bench
+	$(BIN)/ruff check core pipeline stages trainer tests bench
+	$(BIN)/ruff format --check core pipeline stages trainer tests bench
 
 # bench/ingest.py needs nginx (apt-get install -y nginx) and installs img2dataset in its own venv.
 bench: install

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from nearphotos import TRANSFORMS, Item, make_items
 
-from pipeline.mapreduce import LocalRunner
+from core.mapreduce import LocalRunner
 from stages.lib.hamming import plan_tables
 from stages.lib.image_hash import image_hash
 from stages.near_dedupe import close_pairs, near_groups

@@ -28,7 +28,7 @@ import faiss  # noqa: E402
 import ray  # noqa: E402
 from memwatch import PeakMemory, tree_pss  # noqa: E402
 
-from pipeline.mapreduce import RayRunner  # noqa: E402
+from core.mapreduce import RayRunner  # noqa: E402
 from stages.lib.hamming import plan_tables  # noqa: E402
 from stages.near_dedupe import close_pairs, near_groups  # noqa: E402
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pipeline.tario import iter_tar_samples
+from core.tario import iter_tar_samples
 from stages.lib.clip_model import ClipModel, prepare_images
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.tario import iter_tar_samples
+from core.tario import iter_tar_samples
 from trainer.config import TrainConfig
 from trainer.train import train
 

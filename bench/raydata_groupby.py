@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import ray  # noqa: E402
 
-from pipeline.mapreduce import RayRunner  # noqa: E402
+from core.mapreduce import RayRunner  # noqa: E402
 from stages.lib.hamming import exact_masks, table_pairs  # noqa: E402
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from core.tario import write_tar
 from pipeline.objectstore import LocalS3, loopback_only_env
-from pipeline.tario import write_tar
 
 REPO = Path(__file__).resolve().parents[1]
 

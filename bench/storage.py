@@ -27,9 +27,9 @@ os.environ.update(loopback_only_env())
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
+from core.tario import write_tar  # noqa: E402
 from pipeline.build import run_build  # noqa: E402
 from pipeline.config import BuildConfig  # noqa: E402
-from pipeline.tario import write_tar  # noqa: E402
 
 
 def make_input(folder: Path, samples: int, kb: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from pipeline.config_io import ConfigError
+from core.config_io import ConfigError
 from stages.base import Stage
 from stages.lib.clip_model import ClipModel, prepare_images
 

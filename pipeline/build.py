@@ -21,17 +21,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from core.config_io import ConfigError
+from core.formats import MANIFEST_FORMAT
+from core.mapreduce import RayRunner
+from core.redaction import redact, redact_text
+from core.storage import (
+    check_reachable,
+    filesystem,
+    join,
+    put_file_atomic,
+    write_bytes_atomic,
+    write_parquet,
+)
+from core.tario import write_tar
 from pipeline.actors import RemoteEncoder, start_pools, stop_pools
 from pipeline.config import BuildConfig, check_paths
-from pipeline.config_io import ConfigError
 from pipeline.embeddings import EMBEDDING_COLUMNS, write_embeddings
-from pipeline.mapreduce import RayRunner
 from pipeline.raysession import connect, run_tasks
-from pipeline.redaction import redact, redact_text
 from pipeline.report import render_report
 from pipeline.resume import (
     MANIFEST,
-    MANIFEST_FORMAT,
     WORK_DIR,
     AlreadyBuilt,
     build_identity,
@@ -56,15 +65,6 @@ from pipeline.shards import (
 )
 from pipeline.sources import iter_chunks, plan_source, read_partition
 from pipeline.stats import build_stats, stage_seconds
-from pipeline.storage import (
-    check_reachable,
-    filesystem,
-    join,
-    put_file_atomic,
-    write_bytes_atomic,
-    write_parquet,
-)
-from pipeline.tario import write_tar
 from stages.base import DROP, DROP_STAGE, Stage, is_media_column
 from stages.registry import build_stages, stage_order
 

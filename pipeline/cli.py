@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from pipeline.config_io import ConfigError
+from core.config_io import ConfigError
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_command(args: argparse.Namespace) -> int:
+    from core.redaction import redact_text
     from pipeline.build import run_build
     from pipeline.config import load_build_config
-    from pipeline.redaction import redact_text
 
     overrides = list(args.overrides) + (["output.overwrite=true"] if args.overwrite else [])
     overrides += ["output.allow_other_files=true"] if args.allow_other_files else []
@@ -108,9 +108,9 @@ def build_command(args: argparse.Namespace) -> int:
 
 def print_summary(cfg: BuildConfig) -> None:
     """The stage table and phase times at the end of a build (stats.json, read back)."""
-    from pipeline.redaction import redact_text
+    from core.redaction import redact_text
+    from core.storage import filesystem, join
     from pipeline.stats import stage_table
-    from pipeline.storage import filesystem, join
 
     fs, root = filesystem(cfg.output.path, cfg.storage_options)
     stats = json.loads(fs.cat_file(join(root, "stats.json")))

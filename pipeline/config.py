@@ -6,20 +6,14 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from pipeline.config_io import ConfigError, load_yaml, validate
-from pipeline.storage import absolute
+from core.config_io import ConfigError, Strict, load_yaml, validate
+from core.storage import absolute
 from stages.registry import validate_stage_list
 
 GLOB_CHARS = "*?["
 PROTOCOL_ALIASES = {"s3a": "s3", "gcs": "gs", "local": "file"}
-
-
-class Strict(BaseModel):
-    """Base for config sections: unknown keys are errors, values are frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def resolved_here(path: str) -> str:

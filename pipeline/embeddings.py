@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.storage import filesystem, join, write_bytes_atomic, write_parquet
+from core.storage import filesystem, join, write_bytes_atomic, write_parquet
 from stages.base import DROP
 
 EMBEDDING_COLUMNS = {"embedding": "img_emb", "text_embedding": "text_emb"}

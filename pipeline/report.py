@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipeline.storage import filesystem, join, write_bytes_atomic
-from pipeline.tario import iter_tar_samples
+from core.storage import filesystem, join, write_bytes_atomic
+from core.tario import iter_tar_samples
 from stages.base import IMAGE_COLUMNS
 
 SCAN_BYTES = 64 << 20

@@ -22,16 +22,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.config_io import ConfigError
+from core.formats import MANIFEST_FORMAT
+from core.redaction import redact
+from core.storage import filesystem, join, remove_tree, with_retries, write_bytes_atomic
 from pipeline.config import BuildConfig
-from pipeline.config_io import ConfigError
 from pipeline.embeddings import EMBEDDING_COLUMNS, ROWS_PER_FILE
-from pipeline.redaction import redact
-from pipeline.storage import filesystem, join, remove_tree, with_retries, write_bytes_atomic
 
 WORK_DIR = "_work"
 BUILD_FILE = "build.json"
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "mmcurate/1"
 TOOL = "mmcurate"
 # Names a build writes: a file there that no build of ours recorded would be overwritten.
 RESERVED_FILES = (MANIFEST, "stats.json", "report.html", "shardindex.json")

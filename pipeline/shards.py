@@ -23,8 +23,8 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.mapreduce import Runner
-from pipeline.storage import filesystem, join, put_file_atomic, with_retries, write_parquet
+from core.mapreduce import Runner
+from core.storage import filesystem, join, put_file_atomic, with_retries, write_parquet
 from stages.base import sample_meta
 
 TAR_END_BYTES = 1024  # two zero blocks close a tar

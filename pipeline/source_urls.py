@@ -15,10 +15,10 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from core.config_io import ConfigError
+from core.storage import filesystem, protocol_of, with_protocol
 from pipeline.config import SourceConfig
-from pipeline.config_io import ConfigError
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
-from pipeline.storage import filesystem, protocol_of, with_protocol
 from stages.base import DROP, DROP_STAGE
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.config_io import ConfigError
+from core.storage import filesystem, protocol_of, with_protocol
+from core.tario import safe_key
 from pipeline.config import SourceConfig
-from pipeline.config_io import ConfigError
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
 from pipeline.source_urls import FORMATS, read_table
-from pipeline.storage import filesystem, protocol_of, with_protocol
-from pipeline.tario import safe_key
 from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Batch
 
 VIDEO_EXTS = set(VIDEO_COLUMNS)

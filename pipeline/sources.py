@@ -13,8 +13,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from core.config_io import ConfigError
+from core.storage import (
+    filesystem,
+    protocol_of,
+    transient_errors,
+    with_protocol,
+    with_retries,
+)
+from core.tario import EXT_ALIASES, iter_tar_samples, safe_key, text_name
 from pipeline.config import SourceConfig
-from pipeline.config_io import ConfigError
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
 from pipeline.source_urls import plan_urls, read_urls
 from pipeline.source_videos import (
@@ -26,14 +34,6 @@ from pipeline.source_videos import (
     plan_video_list,
     read_video_list,
 )
-from pipeline.storage import (
-    filesystem,
-    protocol_of,
-    transient_errors,
-    with_protocol,
-    with_retries,
-)
-from pipeline.tario import EXT_ALIASES, iter_tar_samples, safe_key, text_name
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Batch
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}

@@ -9,53 +9,31 @@ reaches the driver as a signature row, so drop counts are exact and a rerun can 
 from __future__ import annotations
 
 import copy
-import json
-import re
 import time
 from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from pipeline.mapreduce import Runner
+from core.config_io import Strict
+from core.formats import (  # noqa: F401  (re-exported: the stage interface's column names)
+    FRAME_COLUMN,
+    IMAGE_COLUMNS,
+    VIDEO_COLUMNS,
+    frame_column,
+    is_media_column,
+    sample_meta,
+)
+from core.mapreduce import Runner
 
 Batch = dict[str, list[Any]]
-
-# Media columns a sample may carry; sources fill the one matching the file type.
-IMAGE_COLUMNS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
-VIDEO_COLUMNS = ("mp4", "webm", "avi", "mkv", "mov")
-FRAME_COLUMN = re.compile(r"^\d{3}\.jpg$")  # sampled video frames: 000.jpg, 001.jpg, ...
-
-
-def frame_column(index: int) -> str:
-    return f"{index:03d}.jpg"
-
-
-def is_media_column(column: str) -> bool:
-    """Columns holding media bytes: they go into tars, never into the signatures."""
-    return column in IMAGE_COLUMNS or column in VIDEO_COLUMNS or bool(FRAME_COLUMN.match(column))
-
-
-def sample_meta(text: str | bytes | None) -> dict[str, Any]:
-    """A sample's `json` member as a dict; {} when absent, not JSON, or not a JSON object.
-    Sources drop such samples as `bad_json`; stages still never trust the member."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting overflows
-        return {}
-    return value if isinstance(value, dict) else {}
-
 
 DROP = "__drop__"
 DROP_STAGE = "__drop_stage__"
 
 
-class StageOptions(BaseModel):
+class StageOptions(Strict):
     """Base for stage options: unknown keys are errors; values are frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Stage:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from pipeline.mapreduce import Runner
+from core.mapreduce import Runner
 from stages.base import (
     FRAME_COLUMN,
     Batch,

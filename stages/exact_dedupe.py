@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from PIL import Image
 
-from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import Batch, Stage, StageOptions, media_column, register
 from stages.lib.dedupe_common import Decisions, live_rows
 

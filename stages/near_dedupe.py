@@ -24,7 +24,7 @@ from pydantic import Field
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import (
     FRAME_COLUMN,
     Batch,

@@ -15,7 +15,7 @@ import stages.exact_dedupe  # noqa: F401
 import stages.near_dedupe  # noqa: F401
 import stages.semantic_dedupe  # noqa: F401
 import stages.video_frames  # noqa: F401
-from pipeline.config_io import ConfigError, describe_validation_error
+from core.config_io import ConfigError, describe_validation_error
 from stages.base import _REGISTRY, Stage, label_stages
 
 

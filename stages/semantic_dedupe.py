@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import Batch, Stage, StageOptions, media_column, register
 from stages.lib.clip_model import cached_model, check_model
 from stages.lib.dedupe_common import Decisions, live_rows, priority_rank

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipeline.tario import write_tar
+from core.tario import write_tar
 
 COLOURS = {
     "red": (220, 30, 30),

@@ -13,9 +13,9 @@ import ray
 import webdataset as wds
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
+from core.config_io import ConfigError
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.config_io import ConfigError
 
 ALL_IMAGE_STAGES = [
     {"name": "decode_image", "resize": {"size": 64, "mode": "center_crop"}},

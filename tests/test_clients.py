@@ -21,9 +21,9 @@ import webdataset as wds
 import wids
 from wids.wids_decode import default_decoder
 
+from core.tario import CLEAN_KEY, KEY_MAX_BYTES, iter_tar_samples
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.tario import CLEAN_KEY, KEY_MAX_BYTES, iter_tar_samples
 from tests.test_keys import jpeg, make_awkward_folder, raw_headers, write_input_tar
 from trainer.config import TrainConfig
 from trainer.data import ImageTransform, ShardDataset, make_loader

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from core.config_io import ConfigError
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.config_io import ConfigError
 from stages.clip_score import top_fraction_decisions
 from stages.registry import build_stage
 from tests.shapes import make_shapes, write_folder, write_shards

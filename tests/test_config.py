@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.config_io import ConfigError, parse_override
 from pipeline.config import load_build_config
-from pipeline.config_io import ConfigError, parse_override
 from stages.registry import build_stages
 
 REPO = Path(__file__).resolve().parents[1]

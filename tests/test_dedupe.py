@@ -11,8 +11,8 @@ from PIL import Image, ImageEnhance
 
 import stages.exact_dedupe as exact_module
 import stages.near_dedupe as near_module
+from core.mapreduce import LocalRunner
 from pipeline.demo_data import source_photo
-from pipeline.mapreduce import LocalRunner
 from stages.base import DROP
 from stages.lib.dedupe_common import keepers, priority_rank
 from stages.lib.hamming import (

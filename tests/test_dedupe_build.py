@@ -86,7 +86,7 @@ def test_ray_map_reduce_with_many_partitions_matches_brute_force(ray_session, mo
     import numpy as np
 
     import stages.near_dedupe as near_module
-    from pipeline.mapreduce import RayRunner
+    from core.mapreduce import RayRunner
     from stages.lib.hamming import brute_force_pairs, plan_tables
     from stages.near_dedupe import close_pairs
 
@@ -104,7 +104,7 @@ def test_exact_decisions_routed_through_ray_match_in_process(ray_session, monkey
     import pyarrow as pa
 
     import stages.exact_dedupe as exact_module
-    from pipeline.mapreduce import RayRunner
+    from core.mapreduce import RayRunner
     from stages.registry import build_stage
 
     rng = np.random.default_rng(6)

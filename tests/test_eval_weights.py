@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.model_configs import MODEL_CONFIG_DIR
 from tests.eval_sets import (
     PHOTOS,
     class_folder,
@@ -23,7 +24,6 @@ from tests.eval_sets import (
     write_build,
 )
 from trainer.eval import main
-from trainer.models import MODEL_CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 

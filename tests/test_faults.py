@@ -134,7 +134,7 @@ def test_different_config_on_unfinished_output_is_refused(tmp_path, image_folder
     (out / "_work").mkdir(parents=True)
     marker = json.dumps({"tool": "mmcurate", "build_id": "f" * 64, "files": []})
     (out / "_work" / "build.json").write_text(marker)
-    from pipeline.config_io import ConfigError
+    from core.config_io import ConfigError
 
     with pytest.raises(ConfigError, match="unfinished build of another config"):
         run_build(BuildConfig.model_validate(base), False)  # refused before Ray starts

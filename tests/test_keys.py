@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from pipeline.config import SourceConfig
-from pipeline.sources import plan_source, read_partition
-from pipeline.tario import (
+from core.formats import MEMBER_COLUMNS
+from core.tario import (
     CLEAN_KEY,
     CLIP_SUFFIX,
     KEY_MAX_BYTES,
     LONGEST_SUFFIX,
-    MEMBER_COLUMNS,
     iter_tar_samples,
     safe_key,
     split_member_name,
     write_tar,
 )
+from pipeline.config import SourceConfig
+from pipeline.sources import plan_source, read_partition
 from stages.base import DROP
 from stages.decode_image import merge_json
 from stages.video_frames import merge_meta

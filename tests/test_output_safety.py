@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 import pipeline.build as build_module
+from core.config_io import ConfigError, validate
 from pipeline.build import run_build
 from pipeline.config import BuildConfig, overlaps
-from pipeline.config_io import ConfigError, validate
 from pipeline.demo_data import write_tar_shards
 from pipeline.resume import claim_output, manifest_files, safe_recorded
 

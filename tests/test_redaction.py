@@ -1,4 +1,4 @@
-"""One redaction (pipeline.redaction) for manifests, checkpoints and logs: no credential of any
+"""One redaction (core.redaction) for manifests, checkpoints and logs: no credential of any
 fsspec backend survives anywhere in the redacted JSON, and harmless settings stay readable."""
 
 import copy
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.redaction import REDACTED, is_secret_key, redact, redact_text
 from pipeline.config import load_build_config
-from pipeline.redaction import REDACTED, is_secret_key, redact, redact_text
 from tests.redaction_cases import BACKENDS, OPENSSH, PEM
 from trainer.config import TrainConfig
 

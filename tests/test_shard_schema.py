@@ -10,7 +10,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.mapreduce import LocalRunner
+from core.mapreduce import LocalRunner
 from pipeline.shards import (
     merge_kind,
     metadata_name,

@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from pipeline.config_io import ConfigError
+from core.config_io import ConfigError
+from core.tario import iter_tar_samples, sample_members, split_member_name, write_tar
 from pipeline.shards import TAR_END_BYTES, plan_shards
 from pipeline.sources import empty_batch, sanitize_key
-from pipeline.tario import iter_tar_samples, sample_members, split_member_name, write_tar
 from stages.base import DROP, DROP_STAGE
 from stages.registry import build_stage, build_stages
 

@@ -19,8 +19,8 @@ import yaml
 from PIL import Image, ImageEnhance
 from skimage import data as skdata
 
-from pipeline.config_io import ConfigError
-from pipeline.tario import iter_tar_samples, split_member_name
+from core.config_io import ConfigError
+from core.tario import iter_tar_samples, split_member_name
 from trainer.checkpoint import load_checkpoint
 from trainer.cli import main
 from trainer.config import TrainConfig, load_train_config, parse_size

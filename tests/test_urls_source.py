@@ -8,8 +8,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+from core.config_io import ConfigError
 from pipeline.config import SourceConfig
-from pipeline.config_io import ConfigError
 from pipeline.source_urls import plan_urls, read_urls
 from stages.base import DROP
 

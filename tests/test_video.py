@@ -13,9 +13,9 @@ import torch
 import webdataset as wds
 from PIL import Image
 
+from core.tario import iter_tar_samples, write_tar
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.tario import iter_tar_samples, write_tar
 from pipeline.video_data import (
     audio_only,
     encode_video,

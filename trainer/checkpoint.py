@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from pipeline.storage import filesystem, is_local, join, put_file_atomic
+from core.formats import CHECKPOINT_FORMAT
+from core.storage import filesystem, is_local, join, put_file_atomic
 
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 
@@ -78,10 +79,6 @@ def load_checkpoint(url: str, storage_options: dict | None = None) -> dict[str, 
     with fs.open(path, "rb") as f:
         # weights_only: our checkpoints hold only tensors and plain Python values.
         return torch.load(f, map_location="cpu", weights_only=True)
-
-
-# What `mmcurate train` writes as the checkpoint's "format" (trainer/train.py save_state).
-CHECKPOINT_FORMAT = "mmcurate-checkpoint/1"
 
 
 def is_train_checkpoint(state: Any) -> bool:

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from pipeline.config_io import ConfigError
+from core.config_io import ConfigError
 from trainer.config import load_train_config
 from trainer.manifest import ManifestError, read_manifest
 

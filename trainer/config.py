@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from pipeline.config_io import load_yaml, validate
-from pipeline.redaction import redact
-from pipeline.storage import absolute
+from core.config_io import Strict, load_yaml, validate
+from core.redaction import redact
+from core.storage import absolute
 
 _SIZE_UNITS = {
     "": 1,
@@ -39,16 +39,12 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class MixEntry(_Section):
+class MixEntry(Strict):
     manifest: str  # another build's manifest.json
     weight: float = Field(1.0, gt=0)  # samples per epoch = weight x its samples
 
 
-class DataConfig(_Section):
+class DataConfig(Strict):
     manifest: str  # a build's manifest.json: local path or any fsspec URL (s3://...)
     weight: float = Field(1.0, gt=0)  # its samples per epoch = weight x its samples
     mix: list[MixEntry] = []  # further manifests trained on together with this one
@@ -78,20 +74,20 @@ class DataConfig(_Section):
         return None if self.cache_limit is None else parse_size(self.cache_limit)
 
 
-class ModelConfig(_Section):
+class ModelConfig(Strict):
     name: str = "mmcurate-tiny"  # an open_clip architecture name
     pretrained: str | None = None  # open_clip pretrained tag or a local checkpoint path
     loss: Literal["clip", "siglip"] = "clip"  # softmax contrastive, or SigLIP's sigmoid loss
 
 
-class OptimConfig(_Section):
+class OptimConfig(Strict):
     lr: float = Field(5e-4, gt=0)
     warmup_steps: int = Field(10, ge=0)
     weight_decay: float = Field(0.1, ge=0)
     accum_freq: int = Field(1, gt=0)  # batches per optimizer step (open_clip's feature cache)
 
 
-class RunConfig(_Section):
+class RunConfig(Strict):
     output: str  # run folder, local or a URL (s3://...): metrics.jsonl, checkpoints/
     max_steps: int | None = Field(None, gt=0)  # when set, wins over epochs (data repeats)
     epochs: int = Field(1, gt=0)
@@ -117,14 +113,14 @@ class RunConfig(_Section):
         return absolute(value.removeprefix("file://"))
 
 
-class LaunchConfig(_Section):
+class LaunchConfig(Strict):
     mode: Literal["local", "ray"] = "local"  # local: this process (or torchrun's); ray: Ray Train
     workers: int = Field(1, gt=0)  # ray: training processes (ranks) across the cluster
     gpus_per_worker: int | None = Field(None, ge=0)  # ray: null = 1 when the cluster has GPUs
     cpus_per_worker: float = Field(1, gt=0)  # ray: CPUs reserved per rank
 
 
-class TrainConfig(_Section):
+class TrainConfig(Strict):
     data: DataConfig
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()

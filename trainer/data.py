@@ -26,8 +26,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from pipeline.storage import release_sessions
-from stages.base import IMAGE_COLUMNS
+from core.formats import IMAGE_COLUMNS
+from core.storage import release_sessions
 from trainer.batch import Batch, NoData
 from trainer.manifest import Manifest, NoUsableData, Shard
 from trainer.plan import (

@@ -19,27 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from pipeline.config_io import ConfigError, load_yaml, validate
+from core.config_io import ConfigError, Strict, load_yaml, validate
 from trainer.eval_data import ClassNames, EvalDataError, load_listing
 from trainer.manifest import ManifestError
 
 FORMAT = "mmcurate-eval/1"
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EvalModel(_Section):
+class EvalModel(Strict):
     name: str  # an open_clip architecture (the one a train checkpoint was trained as)
     # null (random init), an open_clip tag, a local .pt, or an `mmcurate train` checkpoint:
     # a step-N.pt file (local or a URL) or a run folder (its newest checkpoint)
     pretrained: str | None = None
 
 
-class RetrievalTask(_Section):
+class RetrievalTask(Strict):
     manifest: str  # a build's manifest.json (local path or any fsspec URL)
     captions_field: str = "captions"  # json list of captions (else the txt member)
     image_id_field: str = "image_id"  # json id shared by samples showing the same image
@@ -53,7 +49,7 @@ class RetrievalTask(_Section):
         return sorted(set(value))
 
 
-class ZeroshotTask(_Section):
+class ZeroshotTask(Strict):
     path: str  # a folder of class folders, or a build's manifest.json (labels in json)
     # a YAML file, or inline: a list (label = name or index) or a mapping label -> name
     classnames: str | list[str] | dict[Any, Any]
@@ -83,7 +79,7 @@ class ZeroshotTask(_Section):
         return loaded
 
 
-class EvalData(_Section):
+class EvalData(Strict):
     batch_size: int = Field(64, gt=0)  # images (and texts) per forward pass
     workers: int = Field(2, ge=0)  # loader processes reading and decoding
     cache_dir: str | None = None  # node-local shard cache, as for training
@@ -98,12 +94,12 @@ class EvalData(_Section):
         return value
 
 
-class EvalRun(_Section):
+class EvalRun(Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")  # auto: cuda when present
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast on CUDA only
 
 
-class EvalConfig(_Section):
+class EvalConfig(Strict):
     model: EvalModel
     retrieval: RetrievalTask | None = None
     zeroshot: ZeroshotTask | None = None

@@ -27,8 +27,8 @@ import yaml
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from pipeline.storage import filesystem, release_sessions, with_protocol
-from stages.base import IMAGE_COLUMNS, sample_meta
+from core.formats import IMAGE_COLUMNS, sample_meta
+from core.storage import filesystem, release_sessions, with_protocol
 from trainer.data import open_image
 from trainer.manifest import Manifest
 from trainer.plan import Segment

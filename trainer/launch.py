@@ -12,7 +12,7 @@ import json
 from functools import partial
 from typing import Any
 
-from pipeline.storage import filesystem, join
+from core.storage import filesystem, join
 from trainer.config import TrainConfig
 from trainer.outputs import is_remote
 

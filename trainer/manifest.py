@@ -12,7 +12,7 @@ from typing import Any
 
 import fsspec
 
-FORMAT = "mmcurate/1"
+from core.formats import MANIFEST_FORMAT
 
 
 class ManifestError(RuntimeError):
@@ -48,9 +48,9 @@ def shard_url(manifest_url: str, name: str) -> str:
 
 def parse_manifest(url: str, doc: Any) -> Manifest:
     """Validate the parsed JSON of a manifest and build a Manifest."""
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise ManifestError(f"{url}: expected format {FORMAT!r}, found {found!r}")
+        raise ManifestError(f"{url}: expected format {MANIFEST_FORMAT!r}, found {found!r}")
     try:
         shards = tuple(
             Shard(shard_url(url, s["name"]), int(s["samples"]), int(s["bytes"]), str(s["sha256"]))

@@ -1,6 +1,6 @@
 """open_clip models by name; registers mmcurate's own tiny configs on import.
 
-`mmcurate-tiny` (model_configs/mmcurate-tiny.json) trains on a CPU in seconds and needs no
+`mmcurate-tiny` (core/model_configs/mmcurate-tiny.json) trains on a CPU in seconds and needs no
 download: open_clip's default SimpleTokenizer ships its BPE vocabulary inside the wheel.
 """
 
@@ -20,8 +20,9 @@ from typing import Any, Literal
 import open_clip
 import torch
 
-from pipeline.config_io import ConfigError
-from pipeline.storage import absolute, filesystem, is_local
+from core.config_io import ConfigError
+from core.model_configs import register as register_model_configs
+from core.storage import absolute, filesystem, is_local
 from trainer.checkpoint import (
     is_train_checkpoint,
     latest_checkpoint,
@@ -30,9 +31,7 @@ from trainer.checkpoint import (
 )
 from trainer.config import ModelConfig
 
-MODEL_CONFIG_DIR = Path(__file__).with_name("model_configs")
-
-open_clip.add_model_config(MODEL_CONFIG_DIR)
+register_model_configs()  # mmcurate-tiny
 
 
 def known_model(name: str) -> bool:

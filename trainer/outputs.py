@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline.storage import (
+from core.storage import (
     filesystem,
     join,
     protocol_of,

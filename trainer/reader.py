@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import fsspec
 
-from pipeline.tario import iter_tar_samples
+from core.tario import iter_tar_samples
 from trainer.cache import ShardCache
 from trainer.manifest import Shard
 from trainer.plan import Segment

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from pipeline.storage import release_sessions
+from core.storage import release_sessions
 from trainer.batch import Batch, NoData
 from trainer.manifest import NoUsableData
 

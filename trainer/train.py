@@ -37,8 +37,8 @@ from open_clip.loss import SigLipLoss
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from pipeline.config_io import ConfigError
-from pipeline.storage import join
+from core.config_io import ConfigError
+from core.storage import join
 from trainer.checkpoint import (
     CHECKPOINT_FORMAT,
     checkpoint_exists,

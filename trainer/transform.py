@@ -16,7 +16,7 @@ from torchvision.transforms import Compose, Normalize, RandomResizedCrop, ToTens
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2.functional import resized_crop
 
-from stages.base import FRAME_COLUMN
+from core.formats import FRAME_COLUMN
 
 RGB = ImageReadMode.RGB
 

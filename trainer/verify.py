@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import fsspec
 
-from pipeline.storage import protocol_of, storage_errors, with_retries
+from core.storage import protocol_of, storage_errors, with_retries
 
 RETRIES = 2  # downloads again after a mismatch (the bytes may have been damaged in transit)
 CHUNK = 8 << 20

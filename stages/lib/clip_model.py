@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from pipeline.config_io import ConfigError
-
-MMCURATE_CHECKPOINT = "mmcurate-checkpoint/1"
+from core.config_io import ConfigError
+from core.formats import CHECKPOINT_FORMAT
 
 
 def resolve_device(device: str) -> str:
@@ -39,7 +38,9 @@ def load_open_clip(name: str, pretrained: str | None, device: str) -> tuple[Any,
     import open_clip
     import torch
 
-    import trainer.models  # noqa: F401  (registers mmcurate-tiny)
+    from core.model_configs import register
+
+    register()  # mmcurate-tiny
 
     if name not in open_clip.list_models() and not name.startswith(("hf-hub:", "local-dir:")):
         raise ConfigError(f"unknown open_clip model {name!r}")
@@ -77,7 +78,7 @@ def local_weights(path: str) -> dict | None:
     if not os.path.isfile(os.path.expanduser(path)):
         raise ConfigError(f"pretrained checkpoint not found: {path}")
     checkpoint = torch.load(os.path.expanduser(path), map_location="cpu", weights_only=False)
-    if isinstance(checkpoint, dict) and checkpoint.get("format") == MMCURATE_CHECKPOINT:
+    if isinstance(checkpoint, dict) and checkpoint.get("format") == CHECKPOINT_FORMAT:
         return checkpoint["model"]
     return None
 

@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    """The base of every config model (build, train, eval, stage options): unknown keys are
+    errors and values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ConfigError(ValueError):

@@ -19,12 +19,8 @@ import unicodedata
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-# Columns that become tar members; everything else stays in the signatures table.
-MEMBER_COLUMNS = (
-    *("jpg", "png", "webp", "gif", "bmp", "tiff", "txt", "json", "cls"),
-    *("mp4", "webm", "avi", "mkv", "mov"),
-)
-FRAME_MEMBER = re.compile(r"^\d{3}\.jpg$")  # sampled video frames: <key>.000.jpg, ...
+from core.formats import is_member_column
+
 EXT_ALIASES = {"jpeg": "jpg", "tif": "tiff"}
 
 USTAR_NAME_BYTES = 100  # the plain name field of a tar header
@@ -97,7 +93,7 @@ def iter_tar_samples(
 def sample_members(sample: dict[str, Any]) -> list[tuple[str, bytes]]:
     """The (member name, bytes) pairs a sample writes, extensions sorted."""
     members = []
-    columns = [c for c in sample if c in MEMBER_COLUMNS or FRAME_MEMBER.match(c)]
+    columns = [c for c in sample if is_member_column(c)]
     for col in sorted(c for c in columns if sample.get(c) is not None):
         value = sample[col]
         data = value.encode("utf-8") if isinstance(value, str) else bytes(value)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from pipeline.config_io import ConfigError
+from core.config_io import ConfigError
 
 T = TypeVar("T")
 

@@ -1,0 +1,44 @@
+"""The formats every package shares, defined once: sample columns (WebDataset member names),
+the per-sample json, the build manifest's format tag, and the training checkpoint's."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+# Media columns a sample may carry; sources fill the one matching the file type.
+IMAGE_COLUMNS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
+VIDEO_COLUMNS = ("mp4", "webm", "avi", "mkv", "mov")
+FRAME_COLUMN = re.compile(r"^\d{3}\.jpg$")  # sampled video frames: 000.jpg, 001.jpg, ...
+# Columns that become tar members (frames too); everything else stays in the signatures.
+MEMBER_COLUMNS = (*IMAGE_COLUMNS, "txt", "json", "cls", *VIDEO_COLUMNS)
+
+MANIFEST_FORMAT = "mmcurate/1"  # manifest.json's "format" (a build's output)
+CHECKPOINT_FORMAT = "mmcurate-checkpoint/1"  # an `mmcurate train` checkpoint's "format"
+
+
+def frame_column(index: int) -> str:
+    return f"{index:03d}.jpg"
+
+
+def is_media_column(column: str) -> bool:
+    """Columns holding media bytes: they go into tars, never into the signatures."""
+    return column in IMAGE_COLUMNS or column in VIDEO_COLUMNS or bool(FRAME_COLUMN.match(column))
+
+
+def is_member_column(column: str) -> bool:
+    """Columns written as `<key>.<column>` tar members."""
+    return column in MEMBER_COLUMNS or bool(FRAME_COLUMN.match(column))
+
+
+def sample_meta(text: str | bytes | None) -> dict[str, Any]:
+    """A sample's `json` member as a dict; {} when absent, not JSON, or not a JSON object.
+    Sources drop such samples as `bad_json`; stages still never trust the member."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting overflows
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,63 @@
+"""The package layering (docs/architecture.md): core <- stages, trainer <- pipeline.
+
+`core` holds the formats and shared foundations and imports none of the others; `stages` and
+`trainer` import only `core` (and themselves); `pipeline` orchestrates and may import all. Also
+the size limits the code keeps: files <= 400 lines, functions <= 50 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("core", "stages", "trainer", "pipeline")
+ALLOWED = {
+    "core": {"core"},
+    "stages": {"core", "stages"},
+    "trainer": {"core", "trainer"},
+    "pipeline": {"core", "stages", "trainer", "pipeline"},
+}
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level project packages a module imports (lazy imports inside functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found |= {n.split(".")[0] for n in names if n.split(".")[0] in PACKAGES}
+    return found
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_packages_import_only_their_layer(package):
+    wrong = {
+        str(path.relative_to(ROOT)): sorted(imported_packages(path) - ALLOWED[package])
+        for path in python_files(package)
+    }
+    assert {k: v for k, v in wrong.items() if v} == {}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_size_limits(package):
+    too_long = []
+    for path in python_files(package):
+        text = path.read_text()
+        if text.count("\n") > 400:
+            too_long.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > 50:
+                    too_long.append(f"{path.relative_to(ROOT)}:{node.name}: {length} lines")
+    assert too_long == []
