@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, "bench")
 from photos import make_photos
-from pipeline.tario import write_tar
+from core.tario import write_tar
 folder = Path(sys.argv[1])
 make_photos(folder / "photos", 4096, captions=True)
 files = sorted((folder / "photos").glob("*.jpg"))
