@@ -36,7 +36,7 @@ from core.storage import (
 from core.tario import write_tar
 from pipeline.actors import RemoteEncoder, start_pools, stop_pools
 from pipeline.config import BuildConfig, check_paths
-from pipeline.embeddings import EMBEDDING_COLUMNS, write_embeddings
+from pipeline.embeddings import write_embeddings
 from pipeline.raysession import connect, run_tasks
 from pipeline.report import render_report
 from pipeline.resume import (
@@ -63,13 +63,13 @@ from pipeline.shards import (
     shard_specs,
     write_shard,
 )
+from pipeline.signatures import signature_table, with_string_columns, write_signatures
 from pipeline.sources import iter_chunks, plan_source, read_partition
 from pipeline.stats import build_stats, stage_seconds
-from stages.base import DROP, DROP_STAGE, Stage, is_media_column
+from stages.base import DROP, DROP_STAGE, Stage
 from stages.registry import build_stages, stage_order
 
 log = logging.getLogger("mmcurate.build")
-NOT_SIGNATURE = {"txt", "json"}  # plus every media column (is_media_column)
 
 
 def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     signatures = timer.run("candidates", phase_a, cfg, stages, parts, work_url, progress)
     signatures = timer.run("decide", phase_b, signatures, stages)
     entries, shard_of = timer.run("shards", phase_c, cfg, signatures, work_url, progress)
-    signatures = with_columns(
+    signatures = with_string_columns(
         signatures, {"shard": [shard_of.get(k) for k in signatures["__key__"].to_pylist()]}
     )
     stats = build_stats(signatures, stages, stage_seconds(signatures, stages))
@@ -220,34 +220,6 @@ def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) ->
     write_parquet(table, url, cfg.storage_options)
 
 
-def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """One row per sample without media; fixed types for the columns every build has."""
-    types = {
-        "__key__": pa.string(),
-        "__part__": pa.int64(),
-        "__index__": pa.int64(),
-        "__source__": pa.string(),
-        DROP: pa.string(),
-        DROP_STAGE: pa.string(),
-        "__bytes__": pa.int64(),
-        "__offset__": pa.int64(),
-        "__parent__": pa.string(),
-        "sha256": pa.string(),
-        "url": pa.string(),
-        "phash": pa.uint64(),
-        "width": pa.int64(),
-        "height": pa.int64(),
-        "clip_score": pa.float32(),
-        "embedding": pa.list_(pa.float16()),
-        "text_embedding": pa.list_(pa.float16()),
-    }
-    seen = dict.fromkeys(c for row in rows for c in row) if rows else types  # chunks differ
-    columns = [c for c in seen if c not in NOT_SIGNATURE and not is_media_column(c)]
-    columns += [c for c in ("__bytes__", "__offset__") if c not in columns]
-    arrays = {c: pa.array([r.get(c) for r in rows], type=types.get(c)) for c in columns}
-    return pa.table(arrays)
-
-
 # ---- phase B -------------------------------------------------------------------------------
 
 
@@ -257,7 +229,7 @@ def phase_b(signatures: pa.Table, stages: list[Stage]) -> pa.Table:
     drops = signatures[DROP].to_pylist()
     drop_stages = signatures[DROP_STAGE].to_pylist()
     drop_repeated_keys(signatures["__key__"].to_pylist(), drops, drop_stages)
-    signatures = with_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
+    signatures = with_string_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
     duplicate_of: list[str | None] = [None] * signatures.num_rows
     keys = signatures["__key__"].to_pylist()
     runner = RayRunner()
@@ -267,8 +239,8 @@ def phase_b(signatures: pa.Table, stages: list[Stage]) -> pa.Table:
             if key in decided and drops[i] is None:
                 drops[i], duplicate_of[i] = decided[key]
                 drop_stages[i] = stage.label
-        signatures = with_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
-    return with_columns(signatures, {"duplicate_of": duplicate_of})
+        signatures = with_string_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
+    return with_string_columns(signatures, {"duplicate_of": duplicate_of})
 
 
 def drop_repeated_keys(keys: list[str], drops: list, drop_stages: list) -> None:
@@ -279,16 +251,6 @@ def drop_repeated_keys(keys: list[str], drops: list, drop_stages: list) -> None:
             if key in seen:
                 drops[i], drop_stages[i] = "duplicate_key", "source"
             seen.add(key)
-
-
-def with_columns(table: pa.Table, columns: dict[str, list]) -> pa.Table:
-    for name, values in columns.items():
-        array = pa.array(values, type=pa.string())
-        if name in table.column_names:
-            table = table.set_column(table.column_names.index(name), name, array)
-        else:
-            table = table.append_column(name, array)
-    return table
 
 
 # ---- phase C and commit --------------------------------------------------------------------
@@ -340,7 +302,7 @@ def commit(
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
     expected = output_files([e["name"] for e in entries], signatures.num_rows)
     record_files(cfg, [*expected, MANIFEST])
-    write_signatures(cfg, signatures)
+    write_signatures(cfg.output.path, signatures, cfg.storage_options)
     write_embeddings(cfg.output.path, signatures, cfg.storage_options)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
     manifest = {
@@ -372,26 +334,6 @@ def wids_index(entries: list[dict]) -> dict[str, Any]:
     """The shard index `wids` (webdataset's indexed reader) loads; urls relative to it."""
     shards = [{"url": e["name"], "nsamples": e["samples"], "filesize": e["bytes"]} for e in entries]
     return {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shards}
-
-
-def write_signatures(cfg: BuildConfig, signatures: pa.Table) -> None:
-    """signatures/part-000000.parquet: one row per input sample, with its fate."""
-    names = {
-        "__key__": "key",
-        "__source__": "source",
-        DROP: "drop_reason",
-        DROP_STAGE: "drop_stage",
-        "__bytes__": "bytes",
-        "__parent__": "parent",
-    }
-    keep = [
-        c
-        for c in signatures.column_names
-        if (c in names or not c.startswith("__")) and c not in EMBEDDING_COLUMNS
-    ]
-    table = signatures.select(keep).rename_columns([names.get(c, c) for c in keep])
-    url = join(cfg.output.path, "signatures", "part-000000.parquet")
-    write_parquet(table, url, cfg.storage_options)
 
 
 class PhaseTimer:

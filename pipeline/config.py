@@ -85,7 +85,7 @@ class RayConfig(Strict):
         None, description="Cluster address; None uses RAY_ADDRESS, else a local Ray."
     )
     num_cpus: int | None = Field(None, gt=0, description="CPUs for a local Ray (default: all).")
-    batch_size: int = Field(64, gt=0, description="Samples per map_batches call.")
+    batch_size: int = Field(64, gt=0, description="Samples per stage call inside a task.")
 
 
 class BuildConfig(Strict):

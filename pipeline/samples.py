@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Batch
+from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Columns
 
 BASE_COLUMNS = (
     "__key__",
@@ -21,11 +21,11 @@ BASE_COLUMNS = (
 SOURCE = "source"  # the __drop_stage__ of samples rejected while reading
 
 
-def empty_batch() -> Batch:
+def empty_batch() -> Columns:
     return {col: [] for col in (*BASE_COLUMNS, *IMAGE_COLUMNS, *VIDEO_COLUMNS)}
 
 
-def append_sample(batch: Batch, sample: dict[str, Any]) -> None:
+def append_sample(batch: Columns, sample: dict[str, Any]) -> None:
     for col, values in batch.items():
         values.append(sample.get(col))
 

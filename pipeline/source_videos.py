@@ -19,7 +19,7 @@ from core.tario import safe_key
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
 from pipeline.source_urls import FORMATS, read_table
-from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Batch
+from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Columns
 
 VIDEO_EXTS = set(VIDEO_COLUMNS)
 GLOB_CHARS = "*?["
@@ -94,7 +94,7 @@ def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
     ]
 
 
-def read_video_list(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
+def read_video_list(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
     """Fetch one partition's videos (one batched `cat` per filesystem)."""
     batch = empty_batch()
     by_protocol: dict[str, list[str]] = {}

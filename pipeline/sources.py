@@ -34,7 +34,7 @@ from pipeline.source_videos import (
     plan_video_list,
     read_video_list,
 )
-from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Batch
+from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Columns
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
 
@@ -73,7 +73,7 @@ def plan_images(
     ]
 
 
-def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
+def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
     """Read one partition's image bytes and captions (one batched `cat` per partition)."""
     fs, _ = filesystem(with_protocol(part["protocol"], part["root"]), storage_options)
     root = part["root"]
@@ -131,7 +131,7 @@ def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
     ]
 
 
-def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
+def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
     """Stream one tar. A transient storage error restarts the stream (bounded); a damaged tar
     keeps the samples before the damage and counts one `corrupt_tar` error."""
     fs, path = filesystem(with_protocol(part["protocol"], part["tar"]), storage_options)
@@ -150,7 +150,7 @@ def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Ba
     raise AssertionError("unreachable")
 
 
-def stream_tar(fs: Any, path: str, part: dict[str, Any], batch: Batch) -> None:
+def stream_tar(fs: Any, path: str, part: dict[str, Any], batch: Columns) -> None:
     seen: set[str] = set()
     with fs.open(path, "rb") as fileobj:
         for index, raw in enumerate(iter_tar_samples(fileobj)):
@@ -161,7 +161,7 @@ def stream_tar(fs: Any, path: str, part: dict[str, Any], batch: Batch) -> None:
             append_sample(batch, sample)
 
 
-def with_damage_row(batch: Batch, part: dict[str, Any], path: str, err: Exception) -> Batch:
+def with_damage_row(batch: Columns, part: dict[str, Any], path: str, err: Exception) -> Columns:
     stem = sanitize_key(path.rpartition("/")[2])
     append_sample(
         batch,
@@ -248,11 +248,11 @@ def plan_source(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict
     return PLANNERS[cfg.kind](cfg, storage_options)
 
 
-def read_partition(part: dict[str, Any], storage_options: dict[str, Any]) -> Batch:
+def read_partition(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
     return READERS[part["kind"]](part, storage_options)
 
 
-def iter_chunks(batch: Batch, size: int) -> Iterator[Batch]:
+def iter_chunks(batch: Columns, size: int) -> Iterator[Columns]:
     """Split a batch into batches of at most `size` rows."""
     total = len(batch["__key__"])
     for start in range(0, total, size):

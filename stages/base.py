@@ -1,8 +1,10 @@
 """The stage interface: a frozen options model, lazy setup, `__call__(batch) -> batch`.
 
-A batch is a dict of equal-length column lists (WebDataset naming: `__key__`, `jpg`, `txt`, ...).
+A batch is `Columns`: a dict of equal-length column lists (WebDataset naming: `__key__`, `jpg`,
+`txt`, ...); the trainer's `Batch` (tensors) is another thing.
 Samples are never removed from a batch: a dropped sample keeps its row with `__drop__` set to a
-reason and `__drop_stage__` to the stage name, and its media cleared. That way every sample
+reason and `__drop_stage__` to the stage's label (its name, or `<position>:<name>` when the name
+is listed twice), and its media cleared. That way every sample
 reaches the driver as a signature row, so drop counts are exact and a rerun can be checked.
 """
 
@@ -26,7 +28,7 @@ from core.formats import (  # noqa: F401  (re-exported: the stage interface's co
 )
 from core.mapreduce import Runner
 
-Batch = dict[str, list[Any]]
+Columns = dict[str, list[Any]]
 
 DROP = "__drop__"
 DROP_STAGE = "__drop_stage__"
@@ -63,7 +65,7 @@ class Stage:
     def setup(self) -> None:
         """Load heavy state (models) once per worker; called lazily before the first batch."""
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         raise NotImplementedError
 
     def decide(
@@ -77,7 +79,7 @@ class Stage:
     def timing_column(self) -> str:
         return f"__seconds_{self.index}__"
 
-    def __call__(self, batch: Batch) -> Batch:
+    def __call__(self, batch: Columns) -> Columns:
         if not self._ready:
             self.setup()
             self._ready = True
@@ -125,7 +127,7 @@ class ModelStage(Stage):
 
 
 def merge_live_rows(
-    batch: Batch, sub: Batch, live: list[int], reasons: list[str | None], stage: str
+    batch: Columns, sub: Columns, live: list[int], reasons: list[str | None], stage: str
 ) -> None:
     """Write processed live rows back into `batch`; mark and strip newly dropped ones."""
     size = len(batch[DROP])
@@ -143,7 +145,7 @@ def merge_live_rows(
                     batch[col][i] = None
 
 
-def media_column(batch: Batch, row: int, columns: tuple[str, ...] = IMAGE_COLUMNS) -> str | None:
+def media_column(batch: Columns, row: int, columns: tuple[str, ...] = IMAGE_COLUMNS) -> str | None:
     """The column of `columns` (images by default) that holds bytes for `row`, or None."""
     for col in columns:
         values = batch.get(col)

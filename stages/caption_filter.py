@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from stages.base import Batch, Stage, StageOptions, register
+from stages.base import Columns, Stage, StageOptions, register
 
 
 class CaptionFilterOptions(StageOptions):
@@ -40,7 +40,7 @@ class CaptionFilter(Stage):
     name = "caption_filter"
     Options = CaptionFilterOptions
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         captions = batch.get("txt") or [None] * len(batch["__key__"])
         reasons = [caption_reason(c, self.options) for c in captions]
         if self.options.strip:

@@ -23,7 +23,7 @@ from pydantic import Field
 from core.mapreduce import Runner
 from stages.base import (
     FRAME_COLUMN,
-    Batch,
+    Columns,
     ModelOptions,
     ModelStage,
     media_column,
@@ -62,7 +62,7 @@ class ClipScore(ModelStage):
         opts = self.options
         return cached_model(opts.model, opts.pretrained, opts.device, opts.precision)
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
         reasons: list[str | None] = [None] * size
         media: dict[int, list[bytes]] = {}
@@ -90,7 +90,7 @@ class ClipScore(ModelStage):
             reasons[i] = self.filter_reason(score)
         return batch, reasons
 
-    def score_rows(self, batch: Batch, good: list, encoder: Encoder) -> dict[int, float]:
+    def score_rows(self, batch: Columns, good: list, encoder: Encoder) -> dict[int, float]:
         """Encode about `batch_size` pictures at a time; a video's image embedding is the
         normalized mean of its frames'. Writes clip_score, embeddings and the JSON field."""
         size = len(batch["__key__"])
@@ -128,7 +128,7 @@ class ClipScore(ModelStage):
         return top_fraction_decisions(live, fraction) if live.num_rows else {}
 
 
-def pictures_of(batch: Batch, row: int) -> list[bytes]:
+def pictures_of(batch: Columns, row: int) -> list[bytes]:
     """The image of an image sample, or the sampled frames of a video sample."""
     col = media_column(batch, row)
     if col is not None:

@@ -19,7 +19,7 @@ from stages.base import (
     DROP,
     DROP_STAGE,
     VIDEO_COLUMNS,
-    Batch,
+    Columns,
     Stage,
     StageOptions,
     is_media_column,
@@ -54,7 +54,7 @@ class ClipSplit(Stage):
     def setup(self) -> None:
         self.decoder = Isolated(preload=("stages.lib.video_split", "av"))
 
-    def __call__(self, batch: Batch) -> Batch:
+    def __call__(self, batch: Columns) -> Columns:
         if not self._ready:
             self.setup()
             self._ready = True

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from stages.base import (
     IMAGE_COLUMNS,
-    Batch,
+    Columns,
     Stage,
     StageOptions,
     media_column,
@@ -156,7 +156,7 @@ class DecodeImage(Stage):
         ):
             return None, {}, "decode_error"
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         fmt = self.options.format
         size = len(batch["__key__"])
         out = {col: [None] * size for col in IMAGE_COLUMNS}

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
-from stages.base import IMAGE_COLUMNS, Batch, Stage, StageOptions, register, sample_meta
+from stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, register, sample_meta
 from stages.lib.http_fetch import Connections, Fetched, FetchPolicy, fetch
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class Download(Stage):
         self.conns = Connections()
         self.executor = ThreadPoolExecutor(opts.threads, thread_name_prefix="download")
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
         urls = batch.get("url") or [None] * size
         results = list(self.executor.map(self.fetch_one, urls))

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from PIL import Image
 
 from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
-from stages.base import Batch, Stage, StageOptions, media_column, register
+from stages.base import Columns, Stage, StageOptions, media_column, register
 from stages.lib.dedupe_common import Decisions, live_rows
 
 HEX_PAIRS = pa.array([f"{i:02x}" for i in range(256)])
@@ -49,7 +49,7 @@ class ExactDedupe(Stage):
     Options = ExactDedupeOptions
     is_global = True
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         hashes: list[str | None] = []
         reasons: list[str | None] = []
         for row in range(len(batch["__key__"])):

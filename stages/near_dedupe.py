@@ -27,7 +27,7 @@ from scipy.sparse.csgraph import connected_components
 from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import (
     FRAME_COLUMN,
-    Batch,
+    Columns,
     Stage,
     StageOptions,
     media_column,
@@ -66,7 +66,7 @@ class NearDedupe(Stage):
     Options = NearDedupeOptions
     is_global = True
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
         hashes: list[int | None] = [None] * size
         widths: list[int | None] = [None] * size
@@ -103,7 +103,7 @@ class NearDedupe(Stage):
         return plan
 
 
-def picture_to_hash(batch: Batch, row: int) -> bytes | None:
+def picture_to_hash(batch: Columns, row: int) -> bytes | None:
     """The image, or for a video sample its middle sampled frame."""
     col = media_column(batch, row)
     if col is not None:

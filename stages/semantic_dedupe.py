@@ -23,7 +23,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
-from stages.base import Batch, Stage, StageOptions, media_column, register
+from stages.base import Columns, Stage, StageOptions, media_column, register
 from stages.lib.clip_model import cached_model, check_model
 from stages.lib.dedupe_common import Decisions, live_rows, priority_rank
 from stages.lib.semdedup import map_block, normalize, reduce_clusters, train_centroids
@@ -49,7 +49,7 @@ class SemanticDedupe(Stage):
     Options = SemanticDedupeOptions
     is_global = True
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
         existing = batch.get("embedding") or [None] * size
         todo = [i for i in range(size) if existing[i] is None and media_column(batch, i)]

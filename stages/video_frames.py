@@ -17,7 +17,7 @@ from pydantic import Field
 
 from stages.base import (
     VIDEO_COLUMNS,
-    Batch,
+    Columns,
     Stage,
     StageOptions,
     frame_column,
@@ -48,7 +48,7 @@ class VideoFrames(Stage):
     def setup(self) -> None:
         self.decoder = Isolated(preload=("stages.lib.video_decode", "decord", "av"))
 
-    def process(self, batch: Batch) -> tuple[Batch, list[str | None]]:
+    def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
         reasons: list[str | None] = [None] * size
         metas = list(batch.get("json") or [None] * size)

@@ -41,13 +41,14 @@ def grey(data: bytes, side: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int
     image = Image.open(io.BytesIO(data))
     size = image.size
     image.draft("L", (side[0] * 4, side[1] * 4))
-    image = rgb(image) if image.mode in ("RGBA", "LA", "P", "PA") else image.convert("L")
+    image = grey_on_white(image) if image.mode in ("RGBA", "LA", "P", "PA") else image.convert("L")
     pixels = np.asarray(image.resize(side, Image.Resampling.BOX), dtype=np.float64)
     return pixels, size
 
 
-def rgb(image: Image.Image) -> Image.Image:
-    """Palette and alpha images composited on white before going grey (as decode_image does)."""
+def grey_on_white(image: Image.Image) -> Image.Image:
+    """Palette and alpha images composited on white, then grey: the hash sees the picture as
+    a viewer does (decode_image, by contrast, drops alpha and keeps the colours under it)."""
     image = image.convert("RGBA")
     background = Image.new("RGBA", image.size, (255, 255, 255, 255))
     return Image.alpha_composite(background, image).convert("L")
