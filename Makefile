@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/pip install -q torch torchvision
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,demo]"
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || $(INSTALL_CHROMIUM)
 	command -v strace >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq strace >/dev/null) \
 		|| echo "warning: could not install strace; tests/test_no_cloud_probe.py will fail"

