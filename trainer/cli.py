@@ -31,7 +31,7 @@ def one_line(err: Exception) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run training; 0 on success, 2 on a bad config or an unreadable manifest."""
+    """Run training; 0 on success, 2 on a bad config, an unreadable manifest or eval set."""
     try:
         args = parse_args(argv)
     except SystemExit as stop:  # argparse already printed its usage line
@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         # Why here: fail fast on storage before importing torch and building the model.
         for url in [cfg.data.manifest, *(entry.manifest for entry in cfg.data.mix)]:
             read_manifest(url, cfg.storage_options)
+        if cfg.eval.enabled:  # the eval sets too (this imports torch)
+            from trainer.train_eval import eval_config_of, open_sets
+
+            open_sets(eval_config_of(cfg))
         if cfg.launch.mode == "ray":
             from trainer.launch import launch_ray
 

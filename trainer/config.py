@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from core.config_io import Strict, load_yaml, validate
+from core.config_io import ConfigError, Strict, describe_validation_error, load_yaml, validate
 from core.redaction import redact
 from core.storage import absolute
 
@@ -120,12 +120,73 @@ class LaunchConfig(Strict):
     cpus_per_worker: float = Field(1, gt=0)  # ray: CPUs reserved per rank
 
 
+def eval_section(name: str, tree: dict[str, Any], where: str) -> Any:
+    """`tree` validated as `mmcurate eval`'s section model `name` (trainer/eval.py); imported
+    only when a run evaluates (it loads torch). A problem is a ConfigError at `where`."""
+    from trainer import eval as eval_command
+
+    try:
+        return getattr(eval_command, name).model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(describe_validation_error(err, where)) from None
+
+
+class TrainEval(Strict):
+    """Evaluation during training (trainer/train_eval.py): `mmcurate eval`'s retrieval and
+    zero-shot tasks on the model being trained, logged as `eval/<metric>`. Off unless
+    `manifest` or `zeroshot` is set."""
+
+    manifest: str | None = None  # retrieval set: a build's manifest.json (local or a URL)
+    every: int | None = Field(None, gt=0)  # steps between evaluations; the last step always
+    batch_size: int = Field(64, gt=0)  # images (and texts) per forward pass
+    workers: int = Field(2, ge=0)  # loader processes reading the eval sets (rank 0)
+    captions_field: str = "captions"  # as mmcurate eval's retrieval section
+    image_id_field: str = "image_id"
+    recall_at: list[int] = [1, 5, 10]
+    # mmcurate eval's zeroshot section: {path, classnames, templates, label_field}
+    zeroshot: dict[str, Any] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.manifest is not None or self.zeroshot is not None
+
+    @field_validator("zeroshot")
+    @classmethod
+    def _zeroshot(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Kept as plain data (class names and templates read from their files) so the
+        # config round-trips (Ray Train workers, checkpoints).
+        if value is None:
+            return None
+        return eval_section("ZeroshotTask", value, "eval.zeroshot").model_dump()
+
+    @model_validator(mode="after")
+    def _tasks(self) -> TrainEval:
+        if not self.enabled:
+            if self.every is not None:
+                raise ConfigError("eval.every: nothing to evaluate: set eval.manifest or zeroshot")
+            return self
+        self.retrieval_task()  # checked by mmcurate eval's own model
+        return self
+
+    def retrieval_task(self) -> Any:
+        """The retrieval section of `mmcurate eval` (trainer.eval.RetrievalTask), or None."""
+        if self.manifest is None:
+            return None
+        fields = ("manifest", "captions_field", "image_id_field", "recall_at")
+        return eval_section("RetrievalTask", {k: getattr(self, k) for k in fields}, "eval")
+
+    def zeroshot_task(self) -> Any:
+        """The zeroshot section of `mmcurate eval` (trainer.eval.ZeroshotTask), or None."""
+        return None if self.zeroshot is None else eval_section("ZeroshotTask", self.zeroshot, "")
+
+
 class TrainConfig(Strict):
     data: DataConfig
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     run: RunConfig
     launch: LaunchConfig = LaunchConfig()
+    eval: TrainEval = TrainEval()  # evaluation during training (off by default)
     storage_options: dict[str, Any] = {}  # fsspec options: manifest, shards, a URL run.output
 
     def redacted(self) -> dict[str, Any]:

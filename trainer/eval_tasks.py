@@ -21,7 +21,7 @@ from trainer.eval_data import (
     make_loader,
 )
 from trainer.eval_metrics import retrieval_from_features, zeroshot_from_features
-from trainer.train import autocast
+from trainer.step import autocast
 
 if TYPE_CHECKING:
     from trainer.eval import EvalConfig, Inputs

@@ -1,0 +1,187 @@
+"""Step math of the CLIP training loop: the model's parts (optimizer, warmup + cosine schedule,
+scaler, contrastive or SigLIP loss, DDP wrapper), mixed precision, and one optimizer step with
+open_clip-style gradient accumulation."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import open_clip
+import torch
+import torch.nn.functional as F
+from open_clip.loss import SigLipLoss
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.config import OptimConfig, TrainConfig
+from trainer.data import Batch
+from trainer.distributed import Dist
+from trainer.models import build_model
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """No decay on gains, biases, logit_scale and logit_bias (as open_clip's trainer does)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        skip = p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
+        (no_decay if skip else decay).append(p)
+    return [
+        {"params": no_decay, "weight_decay": 0.0},
+        {"params": decay, "weight_decay": weight_decay},
+    ]
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Linear warmup to 1, then cosine to 0 at `total_steps` (held at 0 after)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(total_steps - warmup_steps, 1)
+    progress = min((step - warmup_steps) / span, 1.0)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(
+    model: torch.nn.Module, cfg: OptimConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg.warmup_steps, total_steps)
+    )
+    return optimizer, scheduler
+
+
+def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    """Steps for the LR schedule: max_steps, else epochs x steps per epoch."""
+    if cfg.run.max_steps is not None:
+        return cfg.run.max_steps
+    return max(cfg.run.epochs * steps_per_epoch, 1)
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Mixed precision on CUDA only; CPU runs (tests, the demo) stay fp32 and reproducible."""
+    if device.type != "cuda" or precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast("cuda", dtype=dtype)
+
+
+@dataclass
+class Parts:
+    """What one training step needs."""
+
+    model: torch.nn.Module  # DDP-wrapped when world > 1
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    loss_fn: torch.nn.Module
+    device: torch.device
+    precision: str
+
+    @property
+    def core(self) -> torch.nn.Module:
+        """The model without its DDP wrapper (for checkpoints and the logit_scale clamp)."""
+        return getattr(self.model, "module", self.model)
+
+
+def clip_features(model: torch.nn.Module, images: torch.Tensor, texts: torch.Tensor) -> dict:
+    """The model's output dict: normalized features, logit_scale (and logit_bias for SigLIP).
+    Clips [B, T, 3, H, W] are encoded frame by frame through the same forward (so DDP sees
+    it) and their frame features averaged, then normalized again."""
+    if images.dim() == 4:
+        return model(images, texts)
+    batch, frames = images.shape[:2]
+    out = model(images.flatten(0, 1), texts)
+    per_frame = out["image_features"].view(batch, frames, -1)
+    return out | {"image_features": F.normalize(per_frame.mean(dim=1), dim=-1)}
+
+
+def contrastive_loss(parts: Parts, out: dict) -> torch.Tensor:
+    args = [out["image_features"], out["text_features"], out["logit_scale"]]
+    if "logit_bias" in out:
+        args.append(out["logit_bias"])
+    return parts.loss_fn(*args)
+
+
+def train_step(parts: Parts, batches: list[Batch]) -> torch.Tensor:
+    """One optimizer step over one batch, or over `accum_freq` batches as open_clip does:
+    features of all of them first (no grad), then each batch again with grad against the
+    others' cached features, so the loss sees the whole accumulated batch at once."""
+    parts.optimizer.zero_grad(set_to_none=True)
+    if len(batches) == 1:
+        with autocast(parts.precision, parts.device):
+            loss = contrastive_loss(parts, clip_features(parts.model, *batches[0][:2]))
+        parts.scaler.scale(loss).backward()
+    else:
+        loss = accumulated_backward(parts, batches)
+    parts.scaler.step(parts.optimizer)
+    parts.scaler.update()
+    parts.scheduler.step()  # after this, param_groups hold the next step's lr
+    with torch.no_grad():  # as open_clip does: keep the temperature in a sane range
+        parts.core.logit_scale.clamp_(0, math.log(100))
+    return loss.detach()
+
+
+def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:
+    """Backward of the loss over all `batches` joined, one batch's graph at a time. Summed
+    over the batches this is exactly the big batch's gradient (tested)."""
+    with torch.no_grad(), autocast(parts.precision, parts.device):
+        cached = [clip_features(parts.model, b.images, b.tokens) for b in batches]
+    no_sync = getattr(parts.model, "no_sync", None)  # DDP: all-reduce after the last only
+    for j, batch in enumerate(batches):
+        last = j == len(batches) - 1
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            with autocast(parts.precision, parts.device):
+                fresh = clip_features(parts.model, batch.images, batch.tokens)
+                joined = dict(fresh)
+                for name in ("image_features", "text_features"):
+                    features = [c[name] for c in cached]
+                    features[j] = fresh[name]  # only this batch's features carry gradients
+                    joined[name] = torch.cat(features)
+                if not last:  # the temperature (and bias) get their gradient once: in the
+                    # last, synced backward (DDP needs every parameter's gradient there)
+                    for name in ("logit_scale", "logit_bias"):
+                        if name in joined:
+                            joined[name] = joined[name].detach()
+                loss = contrastive_loss(parts, joined)
+            parts.scaler.scale(loss).backward()
+    return loss
+
+
+def make_loss(name: str, place: Dist) -> torch.nn.Module:
+    if name == "siglip":
+        return SigLipLoss(rank=place.rank, world_size=place.world)
+    # local_loss + gather_with_grad: the memory-lean setting open_clip recommends at scale.
+    return open_clip.ClipLoss(
+        local_loss=place.world > 1,
+        gather_with_grad=place.world > 1,
+        rank=place.rank,
+        world_size=place.world,
+    )
+
+
+def build_parts(cfg: TrainConfig, place: Dist, total_steps: int) -> tuple[Parts, Any]:
+    """Model, optimizer, schedule, scaler and loss; also returns (preprocess, tokenizer)."""
+    model, preprocess, tokenizer = build_model(cfg.model, place.device)
+    optimizer, scheduler = make_optimizer(model, cfg.optim, total_steps)
+    if place.world > 1:
+        ids = [place.device.index] if place.device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids)
+    use_scaler = place.device.type == "cuda" and cfg.run.precision == "fp16"
+    parts = Parts(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=torch.amp.GradScaler(place.device.type, enabled=use_scaler),
+        loss_fn=make_loss(cfg.model.loss, place),
+        device=place.device,
+        precision=cfg.run.precision,
+    )
+    return parts, (preprocess, tokenizer)
+
+
+def lr_of(parts: Parts) -> float:
+    return parts.optimizer.param_groups[0]["lr"]

@@ -1,0 +1,192 @@
+"""Where training stands (`LoopState`) and how it survives a stop: checkpoints hold the model,
+optimizer, schedule, scaler, the loader's position and layout and the resolved config; a
+resume restores them so that the run continues with exactly the samples not yet trained on."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from core.config_io import ConfigError
+from trainer.checkpoint import (
+    CHECKPOINT_FORMAT,
+    checkpoint_exists,
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from trainer.config import TrainConfig
+from trainer.distributed import Dist, from_rank0
+from trainer.models import open_clip_state_dict
+from trainer.outputs import remove_run
+from trainer.step import Parts
+
+log = logging.getLogger(__name__)
+
+# Loader settings a mid-epoch resume must share with the run that wrote the checkpoint.
+LOADER_LAYOUT = (
+    *("seed", "batch_size", "workers", "world", "shuffle_buffer", "accum_freq"),
+    "manifest_samples",  # a changed manifest would change the plan
+)
+
+
+@dataclass
+class LoopState:
+    """Where training stands; saved in checkpoints with the loader's layout."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_seen: int = 0  # since the start of training, all ranks
+    batches_in_epoch: int = 0  # batches this rank consumed in the current epoch
+    # Unusable data in the batches this rank trained on: shards its loader skipped (indices
+    # among the dataset's shards) and samples replaced by others. After a resume every rank
+    # holds the earlier run's skipped shards and rank 0 its replaced samples.
+    skipped_shards: set[int] = field(default_factory=set)
+    replaced_samples: int = 0
+
+
+def loader_state(
+    state: LoopState, cfg: TrainConfig, world: int, manifest_samples: int
+) -> dict[str, Any]:
+    return {
+        "epoch": state.epoch,
+        "batches_in_epoch": state.batches_in_epoch,
+        "samples_seen": state.samples_seen,
+        "seed": cfg.data.seed,
+        "batch_size": cfg.data.batch_size,
+        "workers": max(cfg.data.workers, 1),  # 0 (in-process) plans as 1 worker
+        "world": world,
+        "shuffle_buffer": cfg.data.shuffle_buffer,
+        "accum_freq": cfg.optim.accum_freq,
+        "manifest_samples": manifest_samples,
+        "skipped_shards": sorted(state.skipped_shards),
+        "replaced_samples": state.replaced_samples,
+    }
+
+
+def data_totals(state: LoopState, place: Dist, shards: int) -> tuple[set[int], int]:
+    """All ranks' skipped shards (distinct) and replaced samples so far. One all-reduce:
+    every rank calls this at the same steps (logging, checkpoints, the end)."""
+    if place.world == 1:
+        return set(state.skipped_shards), state.replaced_samples
+    marks = torch.zeros(shards + 1, dtype=torch.int64, device=place.device)
+    if state.skipped_shards:
+        marks[sorted(state.skipped_shards)] = 1
+    marks[-1] = state.replaced_samples
+    dist.all_reduce(marks)
+    return set(torch.nonzero(marks[:-1]).flatten().tolist()), int(marks[-1].item())
+
+
+def save_state(
+    parts: Parts,
+    state: LoopState,
+    cfg: TrainConfig,
+    world: int,
+    manifest_samples: int,
+    staging: Path | None = None,
+) -> str:
+    """Checkpoint model, optimizer, schedule, loader position and the resolved config. The
+    weights are also under `state_dict` as plain open_clip loads them (the same tensors: saved
+    once), so `create_model_and_transforms(name, pretrained=PATH)` takes the file as it is."""
+    weights = parts.core.state_dict()
+    return save_checkpoint(
+        checkpoint_path(cfg.run.output, state.step),
+        {
+            "format": CHECKPOINT_FORMAT,
+            "step": state.step,
+            "model": weights,
+            "state_dict": open_clip_state_dict(weights, cfg.model.name),
+            "optimizer": parts.optimizer.state_dict(),
+            "scheduler": parts.scheduler.state_dict(),
+            "scaler": parts.scaler.state_dict(),
+            "loader": loader_state(state, cfg, world, manifest_samples),
+            "config": cfg.redacted(),
+        },
+        cfg.storage_options,
+        staging,
+    )
+
+
+def restore_state(
+    parts: Parts, path: str, cfg: TrainConfig, world: int, manifest_samples: int
+) -> LoopState:
+    """Load a checkpoint into `parts` and return where the data continues. Mid-epoch, the
+    loader layout must match the one that wrote it (else the plan would differ)."""
+    ckpt = load_checkpoint(path, cfg.storage_options)
+    saved = ckpt["loader"]
+    now = loader_state(LoopState(), cfg, world, manifest_samples)
+    changed = [k for k in LOADER_LAYOUT if saved.get(k, now[k]) != now[k]]
+    if changed and saved.get("batches_in_epoch", 0):
+        was = ", ".join(f"{k}={saved.get(k)}" for k in changed)
+        got = ", ".join(f"{k}={now[k]}" for k in changed)
+        raise ConfigError(
+            f"run.resume: {posixpath.basename(path)} stopped mid-epoch with {was}; an exact "
+            f"resume needs the same loader layout (now {got})"
+        )
+    parts.core.load_state_dict(ckpt["model"])
+    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    parts.scheduler.load_state_dict(ckpt["scheduler"])
+    parts.scaler.load_state_dict(ckpt["scaler"])
+    log.info("resumed from %s at step %d", path, ckpt["step"])
+    return LoopState(
+        step=ckpt["step"],
+        epoch=saved["epoch"],
+        samples_seen=saved["samples_seen"],
+        batches_in_epoch=saved.get("batches_in_epoch", 0),
+        skipped_shards=set(saved.get("skipped_shards", ())),
+        replaced_samples=saved.get("replaced_samples", 0),
+    )
+
+
+def finished(cfg: TrainConfig, state: LoopState) -> bool:
+    if cfg.run.max_steps is not None:
+        return state.step >= cfg.run.max_steps
+    return state.epoch >= cfg.run.epochs
+
+
+def previous_checkpoint(cfg: TrainConfig, output: str, place: Dist) -> str | None:
+    """The checkpoint to resume from, chosen by rank 0 for every rank (each must read it).
+    A run already in `output` is continued only with run.resume, replaced only with
+    run.overwrite, and otherwise refused: starting afresh beside its checkpoints would let
+    a later resume pick up the old run's."""
+    chosen, problem = None, None
+    if place.rank == 0:
+        chosen = latest_checkpoint(output, cfg.storage_options)
+        if chosen and cfg.run.overwrite:
+            remove_run(output, cfg.storage_options)
+            chosen = None
+        elif chosen and not cfg.run.resume:
+            problem = (
+                f"run.output: {output} holds a run (newest checkpoint "
+                f"{posixpath.basename(chosen)}); set run.resume=true to continue it or "
+                "run.overwrite=true to replace it"
+            )
+    chosen, problem = from_rank0(place, chosen, problem)
+    if problem:
+        raise ConfigError(problem)
+    if chosen and not checkpoint_exists(chosen, cfg.storage_options):
+        raise ConfigError(
+            f"run.output: rank {place.rank} cannot read {chosen}; resuming needs "
+            "run.output on object storage or a filesystem every node shares"
+        )
+    return chosen
+
+
+def start_state(
+    parts: Parts, previous: str | None, cfg: TrainConfig, place: Dist, manifest_samples: int
+) -> LoopState:
+    """A fresh state, or the one `previous` restores into `parts`. Rank 0 alone carries the
+    earlier run's replaced samples on (the total is a sum over ranks)."""
+    if previous is None:
+        return LoopState()
+    state = restore_state(parts, previous, cfg, place.world, manifest_samples)
+    if place.rank:
+        state.replaced_samples = 0
+    return state
