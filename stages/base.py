@@ -52,6 +52,7 @@ class Stage:
     io_bound: ClassVar[bool] = False  # waits on the network: runs a chunk ahead of the rest
     expands: ClassVar[bool] = False  # turns one sample into several (clip_split)
     uses_model_pool: ClassVar[bool] = False  # a ModelStage: its model may run in actors
+    produces: ClassVar[frozenset[str]] = frozenset()  # columns later stages may reuse
 
     def __init__(self, options: StageOptions | None = None, index: int = 0) -> None:
         self.options = options if options is not None else self.Options()

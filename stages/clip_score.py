@@ -52,6 +52,7 @@ class ClipScoreOptions(ModelOptions):
 @register
 class ClipScore(ModelStage):
     name = "clip_score"
+    produces = frozenset({"clip_score", "embedding", "text_embedding"})
     Options = ClipScoreOptions
     is_global = True  # keep_top_fraction decides over the whole dataset
 

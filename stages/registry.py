@@ -17,6 +17,7 @@ import stages.semantic_dedupe  # noqa: F401
 import stages.video_frames  # noqa: F401
 from core.config_io import ConfigError, describe_validation_error
 from stages.base import _REGISTRY, Stage, label_stages
+from stages.semantic_dedupe import SemanticDedupe
 
 
 def known_stages() -> list[str]:
@@ -57,4 +58,9 @@ def stage_order(stages: list[Stage]) -> list[Stage]:
 
 
 def build_stages(specs: list[dict[str, Any]]) -> list[Stage]:
-    return label_stages([build_stage(spec, i) for i, spec in enumerate(specs)])
+    stages = label_stages([build_stage(spec, i) for i, spec in enumerate(specs)])
+    ordered = stage_order(stages)
+    for at, stage in enumerate(ordered):
+        if isinstance(stage, SemanticDedupe):
+            stage.embeddings_given = any("embedding" in s.produces for s in ordered[:at])
+    return stages

@@ -48,12 +48,16 @@ class SemanticDedupe(Stage):
     name = "semantic_dedupe"
     Options = SemanticDedupeOptions
     is_global = True
+    # Set by the registry when an earlier stage (clip_score) gives every live sample its
+    # `embedding`: then this stage's own model is never loaded, nor checked.
+    embeddings_given = False
 
     def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
         existing = batch.get("embedding") or [None] * size
         todo = [i for i in range(size) if existing[i] is None and media_column(batch, i)]
-        vectors, errors = self.embed([batch[media_column(batch, i)][i] for i in todo])
+        images = [batch[media_column(batch, i)][i] for i in todo]
+        vectors, errors = self.embed(images) if images else ([], [])
         embeddings = list(existing)
         reasons: list[str | None] = [None if e is not None else "no_image" for e in existing]
         for i, vector, error in zip(todo, vectors, errors, strict=True):
@@ -62,6 +66,8 @@ class SemanticDedupe(Stage):
         return batch, reasons
 
     def check(self) -> None:
+        if self.embeddings_given:
+            return
         check_model(self.options.model, self.options.pretrained, f"stages.{self.index}")
 
     def embed(self, images: list[bytes]) -> tuple[list[np.ndarray | None], list[str | None]]:

@@ -74,3 +74,26 @@ def test_two_caption_filters_in_one_build(ray_session, tmp_path):
         "1:caption_filter": {"too_many_words"},
     }
     assert run_build(cfg, progress=False) == manifest  # a rerun is a no-op, not a failure
+
+
+def test_semantic_dedupe_after_clip_score_needs_no_model_of_its_own():
+    """clip_score gives every live sample its embedding: semantic_dedupe's own model (a tag
+    that would need a download) is neither checked nor loaded."""
+    specs = [
+        {"name": "clip_score", "model": "mmcurate-tiny", "pretrained": None},
+        {"name": "semantic_dedupe", "eps": 0.01},  # default model: ViT-B-32 with a tag
+    ]
+    clip, semantic = build_stages(specs)
+    assert semantic.embeddings_given and clip.uses_model_pool
+    semantic.check()  # would fail offline: laion2b_s34b_b79k is not on this machine
+    batch = {
+        "__key__": ["a"],
+        "__drop__": [None],
+        "__drop_stage__": [None],
+        "jpg": [b"not decoded: the embedding is already there"],
+        "embedding": [[0.5, 0.5]],
+    }
+    out = semantic(batch)
+    assert out["__drop__"] == [None] and out["embedding"] == [[0.5, 0.5]]
+    alone = build_stages([{"name": "semantic_dedupe"}])[0]
+    assert not alone.embeddings_given
