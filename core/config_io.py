@@ -81,6 +81,11 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
     return tree
 
 
+def one_line(err: Exception) -> str:
+    """An error's message on one line (what the commands print after `error:`)."""
+    return " ".join(str(err).split())
+
+
 def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
     """The first pydantic error as `key.path: message` on one line."""
     first = err.errors()[0]

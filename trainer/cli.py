@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from core.config_io import ConfigError
+from core.config_io import ConfigError, one_line
 from trainer.config import load_train_config
 from trainer.manifest import ManifestError, read_manifest
 
@@ -24,10 +24,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="override a config value (repeatable), e.g. --set run.max_steps=100",
     )
     return parser.parse_args(argv)
-
-
-def one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
 
 
 def main(argv: list[str] | None = None) -> int:

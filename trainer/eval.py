@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from core.config_io import ConfigError, Strict, load_yaml, validate
+from core.config_io import ConfigError, Strict, load_yaml, one_line, validate
 from trainer.eval_data import ClassNames, EvalDataError, load_listing
 from trainer.manifest import ManifestError
 
@@ -142,10 +142,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if (args.config is None) == (args.export is None):
         parser.error("give a CONFIG, or --export CHECKPOINT OUT (not both)")
     return args
-
-
-def one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
 
 
 def main(argv: list[str] | None = None) -> int:
