@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.config_io import ConfigError
-from core.formats import MANIFEST_FORMAT
+from core.manifest import manifest_document
 from core.mapreduce import RayRunner
 from core.redaction import redact, redact_text
 from core.storage import (
@@ -305,14 +305,7 @@ def commit(
     write_signatures(cfg.output.path, signatures, cfg.storage_options)
     write_embeddings(cfg.output.path, signatures, cfg.storage_options)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "samples": sum(e["samples"] for e in entries),
-        "shards": entries,
-        "config": redact(json.loads(cfg.model_dump_json())),
-        "build_id": identity,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    manifest = manifest_document(entries, redact(json.loads(cfg.model_dump_json())), identity)
     write_bytes_atomic(fs, join(out, "shardindex.json"), json.dumps(wids_index(entries)).encode())
     write_report(cfg, manifest)
     manifest["files"] = final_files(cfg, expected)

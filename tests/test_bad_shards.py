@@ -26,7 +26,7 @@ from trainer.config import TrainConfig
 from trainer.data import ImageTransform, ShardDataset, make_loader
 from trainer.manifest import NoUsableData, read_manifest
 from trainer.models import build_model
-from trainer.plan import Source, epoch_pieces
+from trainer.plan import WeightedManifest, epoch_pieces
 from trainer.train import train
 
 SIZES = (40, 24, 56)  # 120 samples: 7 batches of 16 (8 left over)
@@ -43,7 +43,7 @@ def tiny_transform():
 
 def first_shard(sizes: tuple[int, ...] = SIZES, seed: int = SEED) -> int:
     """The shard epoch 0 reads first: its samples fill the epoch's first batches."""
-    return epoch_pieces([Source(tuple(range(len(sizes))), sizes)], seed, 0)[0].shard
+    return epoch_pieces([WeightedManifest(tuple(range(len(sizes))), sizes)], seed, 0)[0].shard
 
 
 def make_shards(folder: Path) -> Path:

@@ -24,7 +24,7 @@ from trainer.manifest import read_manifest
 from trainer.models import build_model
 from trainer.plan import (
     Layout,
-    Source,
+    WeightedManifest,
     batches_per_rank,
     consumed_per_worker,
     epoch_pieces,
@@ -85,7 +85,7 @@ def round_robin(per_worker: list[list[list[int]]]) -> list[list[int]]:
 
 
 def pieces_of(sizes, seed: int = 7, epoch: int = 0):
-    return epoch_pieces([Source(tuple(range(len(sizes))), tuple(sizes))], seed, epoch)
+    return epoch_pieces([WeightedManifest(tuple(range(len(sizes))), tuple(sizes))], seed, epoch)
 
 
 def rank_batches(sizes, rank, world, workers, batch, buffer, consumed=0) -> list[list[int]]:
@@ -477,8 +477,8 @@ def test_a_short_shard_and_an_undecodable_jpeg_are_replaced(tmp_path, tiny_trans
 def test_mixing_weights_set_each_source_share_of_an_epoch():
     """Weight 0.5 takes a different half of a source each epoch (one shard cut), weight 2
     every sample twice; the sources' pieces are shuffled together."""
-    small = Source((0, 1, 2), (10, 10, 10), weight=2.0)
-    big = Source((3, 4, 5, 6), (25, 25, 25, 25), weight=0.5)
+    small = WeightedManifest((0, 1, 2), (10, 10, 10), weight=2.0)
+    big = WeightedManifest((3, 4, 5, 6), (25, 25, 25, 25), weight=0.5)
     epochs = [epoch_pieces([small, big], seed=1, epoch=e) for e in range(3)]
     for pieces in epochs:
         per_shard = {}

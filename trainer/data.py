@@ -33,7 +33,7 @@ from trainer.manifest import Manifest, NoUsableData, Shard
 from trainer.plan import (
     Layout,
     Segment,
-    Source,
+    WeightedManifest,
     WorkerPlan,
     batches_per_rank,
     epoch_pieces,
@@ -66,8 +66,8 @@ class Counters:
 
 def mixed(
     manifest: Manifest | Sequence[tuple[Manifest, float]],
-) -> tuple[list[Shard], list[Source]]:
-    """All shards, and each manifest's as a Source: one manifest, or several with weights
+) -> tuple[list[Shard], list[WeightedManifest]]:
+    """All shards, and each manifest as a WeightedManifest: one manifest, or several with weights
     (samples per epoch = weight x samples)."""
     mix = [(manifest, 1.0)] if isinstance(manifest, Manifest) else list(manifest)
     shards, sources = [], []
@@ -75,7 +75,7 @@ def mixed(
         first = len(shards)
         shards += source.shards
         sizes = tuple(shard.samples for shard in source.shards)
-        sources.append(Source(tuple(range(first, len(shards))), sizes, weight))
+        sources.append(WeightedManifest(tuple(range(first, len(shards))), sizes, weight))
     return shards, sources
 
 

@@ -1,4 +1,4 @@
-"""Read a build's manifest.json (format `mmcurate/1`) and resolve its shard URLs.
+"""Read a build's manifest.json (its format: core/manifest.py) from local disk or any URL.
 
 Kept free of torch so that a bad manifest fails fast, before any model is built.
 """
@@ -7,61 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 
-from core.formats import MANIFEST_FORMAT
+from core.manifest import Manifest, ManifestError, Shard, parse_manifest
 
-
-class ManifestError(RuntimeError):
-    """The manifest is missing, unreadable or malformed; reported as one line."""
+__all__ = ["Manifest", "ManifestError", "NoUsableData", "Shard", "read_manifest"]
 
 
 class NoUsableData(ManifestError):
     """None of the manifest's shards holds a usable sample; reported as one line."""
-
-
-@dataclass(frozen=True)
-class Shard:
-    url: str  # absolute: the manifest's folder joined with the shard name
-    samples: int
-    bytes: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    url: str
-    samples: int
-    shards: tuple[Shard, ...]
-
-
-def shard_url(manifest_url: str, name: str) -> str:
-    """Join a shard name to the folder holding the manifest (works for paths and URLs)."""
-    if not name or name.startswith("/") or "://" in name or ".." in name.split("/"):
-        raise ManifestError(f"{manifest_url}: bad shard name {name!r}")
-    folder = manifest_url.rsplit("/", 1)[0] if "/" in manifest_url else "."
-    return f"{folder}/{name}"
-
-
-def parse_manifest(url: str, doc: Any) -> Manifest:
-    """Validate the parsed JSON of a manifest and build a Manifest."""
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise ManifestError(f"{url}: expected format {MANIFEST_FORMAT!r}, found {found!r}")
-    try:
-        shards = tuple(
-            Shard(shard_url(url, s["name"]), int(s["samples"]), int(s["bytes"]), str(s["sha256"]))
-            for s in doc["shards"]
-        )
-        samples = int(doc["samples"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ManifestError(f"{url}: malformed manifest ({type(err).__name__}: {err})") from None
-    if not shards:
-        raise ManifestError(f"{url}: manifest lists no shards")
-    return Manifest(url=url, samples=samples, shards=shards)
 
 
 def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:

@@ -59,7 +59,7 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class Source:
+class WeightedManifest:
     """One manifest's shards (their indices among all shards and sizes) and its weight:
     each epoch takes round(weight x its samples) samples from it."""
 
@@ -72,7 +72,7 @@ class Source:
         return round(self.weight * sum(self.sizes))
 
 
-def epoch_pieces(sources: Sequence[Source], seed: int, epoch: int) -> list[Piece]:
+def epoch_pieces(sources: Sequence[WeightedManifest], seed: int, epoch: int) -> list[Piece]:
     """The epoch's pieces in order, a function of (seed, epoch) only. Each source gives its
     whole shards as often as its quota holds them, then a seeded pick of further shards (the
     last one cut) for the rest, so weight 0.5 reads a different half each epoch and weight 2
