@@ -3,7 +3,15 @@
 # throughput from shards, decode included, mmcurate's clip_score parts vs a plain open_clip
 # loop, for ViT-B-32 and ViT-L-14, with GPU utilisation (one table); then ViT-B-32 training
 # from the same shards with mmcurate's trainer, CPU decode and gpu_decode: samples/s and
-# data_wait_frac (bench/gpu_train.py, one JSON line each).
+# data_wait_frac (bench/gpu_train.py, one JSON line each); then `mmcurate probe` for ViT-B-32
+# bf16 on the same shards: the batch-size ladder up to 16384 (torch.cuda.max_memory_allocated
+# per rung; the rungs past the H200's memory end in torch.cuda.OutOfMemoryError, which the
+# probe survives), the loader's rates and the recommendation for a global batch of 4096
+# (table on stdout, JSON in $OUT/probe.json).
+#
+# Parts: `bash bench/gpu_check.sh` runs all three (about 11 minutes: more than one device call
+# allows); `bash bench/gpu_check.sh train score` and `bash bench/gpu_check.sh probe` split
+# them into calls under 9 minutes each.
 #
 # The device has PyTorch, Pillow, numpy, pyarrow, scikit-image and nvidia-ml-py but no
 # network: carry open_clip and pydantic as wheels. Once, here, in the repo root:
@@ -39,5 +47,24 @@ for shard in range(8):
     with open(folder / f"shard-{shard:06d}.tar", "wb") as out:
         write_tar(rows, out)
 PY
-timeout 150 python3 bench/gpu_train.py --shards "$shards" | tee "${OUT:-/tmp}/gpu_check.txt"
-timeout 380 python3 bench/gpu_check.py --shards "$shards" | tee -a "${OUT:-/tmp}/gpu_check.txt"
+out=${OUT:-/tmp}
+parts=${*:-train score probe}
+if [[ " $parts " == *" train "* ]]; then
+  timeout 150 python3 bench/gpu_train.py --shards "$shards" | tee -a "$out/gpu_check.txt"
+fi
+if [[ " $parts " == *" score "* ]]; then
+  timeout 380 python3 bench/gpu_check.py --shards "$shards" | tee -a "$out/gpu_check.txt"
+fi
+if [[ " $parts " == *" probe "* ]]; then
+  python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; \
+from gpu_train import write_manifest; write_manifest(Path('$shards'))"
+  cat > "$shards/probe.yaml" <<YAML
+data: {manifest: $shards/manifest.json, batch_size: 256, workers: 14}
+model: {name: ViT-B-32}
+run: {output: $shards/probe-run, precision: bf16}
+probe: {batch_sizes: [128, 256, 512, 1024, 2048, 4096, 8192, 16384], steps: 3,
+        loader_batches: 20, loop_steps: 30}
+YAML
+  timeout 240 python3 -m trainer.probe "$shards/probe.yaml" --target-global-batch 4096 \
+    --out "$out/probe.json" | tee -a "$out/gpu_check.txt"
+fi

@@ -1,4 +1,4 @@
-"""`mmcurate build | train | eval | report | demo` (also `python -m pipeline ...`)."""
+"""`mmcurate build | train | eval | probe | report | demo` (also `python -m pipeline ...`)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("args", nargs=argparse.REMAINDER)
     evaluate = sub.add_parser("eval", help="evaluate a CLIP model: retrieval and zero-shot")
     evaluate.add_argument("args", nargs=argparse.REMAINDER)
+    probe = sub.add_parser("probe", help="batch sizes, memory, loader speed: how many GPUs")
+    probe.add_argument("args", nargs=argparse.REMAINDER)
     report = sub.add_parser("report", help="render <output>/report.html again")
     report.add_argument("output", help="a build's output folder (any fsspec URL)")
     report.add_argument(
@@ -76,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.eval import main as eval_main
 
             return eval_main(args.args)
+        if args.command == "probe":
+            from trainer.probe import main as probe_main
+
+            return probe_main(args.args)
         from pipeline.demo import run_demo
 
         return run_demo(args.out, samples=args.samples, steps=args.steps)

@@ -27,7 +27,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run training; 0 on success, 2 on a bad config, an unreadable manifest or eval set."""
+    """Run training; 0 on success, 2 on a bad config, an unreadable manifest or eval set, 1
+    when health stopped the run."""
     try:
         args = parse_args(argv)
     except SystemExit as stop:  # argparse already printed its usage line
@@ -54,4 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     print(json.dumps(summary))
+    if summary.get("stopped"):  # health stopped the run (trainer/health.py)
+        print(f"error: health: {summary['stopped']}", file=sys.stderr)
+        return 1
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -180,6 +181,61 @@ class TrainEval(Strict):
         return None if self.zeroshot is None else eval_section("ZeroshotTask", self.zeroshot, "")
 
 
+class HealthConfig(Strict):
+    """Guards of the training loop (trainer/health.py)."""
+
+    enabled: bool = True  # check every step's loss and gradient norm (one host sync a step)
+    max_skipped: int = Field(3, gt=0)  # non-finite steps in a row before `action`
+    spike_sigmas: float | None = Field(6.0, gt=0)  # K: loss above median + K robust sigmas
+    spike_steps: int = Field(3, gt=0)  # M: that many spiking steps in a row trigger `action`
+    spike_window: int = Field(200, gt=1)  # healthy losses the median and spread are taken over
+    spike_warmup: int = Field(50, gt=1)  # healthy losses needed before spikes are judged
+    action: Literal["restore", "stop"] = "restore"  # restore: last good checkpoint, next data
+    max_restores: int = Field(3, ge=0)  # restores in one run before it stops instead
+
+
+class AlertsConfig(Strict):
+    """JSON POSTs about the run's health (trainer/alerts.py); rank 0 sends them."""
+
+    webhook: str | None = None  # http(s) URL; each event is one JSON POST
+    run_name: str | None = None  # `run` in each event (default: run.output's folder name)
+    timeout_s: float = Field(5.0, gt=0)  # per attempt
+    retries: int = Field(3, ge=0)  # further attempts after a failed one (backoff 0.5 s, x2)
+    stall_frac: float | None = Field(0.5, gt=0, le=1)  # data_wait_frac of a log window to alert on
+
+    @field_validator("webhook")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"not an http(s) URL: {value!r}")
+        return value
+
+
+class ProbeConfig(Strict):
+    """`mmcurate probe` (trainer/probe.py): the batch-size ladder and the sizing targets."""
+
+    batch_sizes: list[int] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # the ladder
+    steps: int = Field(3, gt=0)  # timed steps per rung (after one warm-up step)
+    max_memory: str | None = None  # cap per rung such as "4GiB"; CPU: enforced (RLIMIT_AS)
+    headroom: float = Field(0.1, ge=0, lt=1)  # share of memory the recommended batch leaves free
+    loader_batches: int = Field(10, gt=0)  # batches timed per loader measurement
+    loop_steps: int = Field(10, gt=0)  # real training steps timed for the data-wait share
+    target_global_batch: int | None = Field(None, gt=0)  # e.g. 4096
+    target_samples_per_s: float | None = Field(None, gt=0)  # training throughput to reach
+    loader_margin: float = Field(0.2, ge=0)  # loader capacity above the GPUs' rate
+
+    @field_validator("max_memory")
+    @classmethod
+    def _check_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value)
+        return value
+
+    @property
+    def max_memory_bytes(self) -> int | None:
+        return None if self.max_memory is None else parse_size(self.max_memory)
+
+
 class TrainConfig(Strict):
     data: DataConfig
     model: ModelConfig = ModelConfig()
@@ -187,12 +243,19 @@ class TrainConfig(Strict):
     run: RunConfig
     launch: LaunchConfig = LaunchConfig()
     eval: TrainEval = TrainEval()  # evaluation during training (off by default)
+    health: HealthConfig = HealthConfig()  # non-finite and loss-spike guards
+    alerts: AlertsConfig = AlertsConfig()  # webhook events
+    probe: ProbeConfig = ProbeConfig()  # mmcurate probe only
     storage_options: dict[str, Any] = {}  # fsspec options: manifest, shards, a URL run.output
 
     def redacted(self) -> dict[str, Any]:
         """The resolved config as plain data with every credential replaced by '***': in
         storage_options and anywhere else (a URL's password in data.manifest or run.output)."""
-        return redact(self.model_dump(mode="json"))
+        tree = redact(self.model_dump(mode="json"))
+        if self.alerts.webhook:  # a webhook URL is a credential (Slack's, ...): host only
+            parts = urlsplit(self.alerts.webhook)
+            tree["alerts"]["webhook"] = f"{parts.scheme}://{parts.hostname}/***"
+        return tree
 
 
 def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:

@@ -19,7 +19,7 @@ from trainer.config import TrainConfig
 from trainer.train_state import LoopState
 
 # metrics.jsonl fields also written as TensorBoard scalars `train/<name>` (eval/* go as named)
-BOARD_FIELDS = ("loss", "samples_per_s", "data_wait_frac", "lr", "epoch")
+BOARD_FIELDS = ("loss", "samples_per_s", "data_wait_frac", "lr", "epoch", "grad_norm")
 
 
 @dataclass
@@ -31,9 +31,21 @@ class Meter:
     total_s: float = 0.0
     samples: int = 0
     losses: list[torch.Tensor] = field(default_factory=list)
+    grad_norms: list[torch.Tensor] = field(default_factory=list)
 
-    def add(self, loss: torch.Tensor, samples: int, step_s: float) -> None:
-        self.losses.append(loss)
+    def add(
+        self,
+        loss: torch.Tensor,
+        samples: int,
+        step_s: float,
+        grad_norm: torch.Tensor | None = None,
+        applied: bool = True,
+    ) -> None:
+        """One step; a skipped one (`applied` False) adds its time and samples only."""
+        if applied:
+            self.losses.append(loss)
+            if grad_norm is not None:
+                self.grad_norms.append(grad_norm)
         self.samples += samples
         self.total_s += step_s
 
@@ -43,13 +55,20 @@ class Meter:
         row = {
             "step": state.step,
             "samples": state.samples_seen,
-            "loss": torch.stack(self.losses).float().mean().item() if self.losses else math.nan,
+            "loss": mean_of(self.losses),
             "samples_per_s": self.samples / total if total > 0 else 0.0,
             "data_wait_frac": min(self.wait_s / total, 1.0) if total > 0 else 0.0,
             "epoch": state.epoch,
+            "grad_norm": mean_of(self.grad_norms),
         }
         self.wait_s, self.total_s, self.samples, self.losses = 0.0, 0.0, 0, []
+        self.grad_norms = []
         return row
+
+
+def mean_of(values: list[torch.Tensor]) -> float:
+    """The mean of a window's device scalars (one sync); NaN for none."""
+    return torch.stack(values).float().mean().item() if values else math.nan
 
 
 def trim_log(path: Path, step: int) -> None:

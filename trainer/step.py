@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,10 +107,29 @@ def contrastive_loss(parts: Parts, out: dict) -> torch.Tensor:
     return parts.loss_fn(*args)
 
 
+# Called between backward and the optimizer step with (loss, gradient norm), both on the
+# device; True takes the step, False skips it (no weight update). trainer/health.py's guard.
+StepGuard = Callable[[torch.Tensor, torch.Tensor], bool]
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # detached, on the device
+    grad_norm: torch.Tensor  # total L2 norm of the (unscaled) gradients, on the device
+    applied: bool  # False: the guard skipped the update
+
+
 def train_step(parts: Parts, batches: list[Batch]) -> torch.Tensor:
+    """One optimizer step (unguarded); returns the detached loss."""
+    return guarded_step(parts, batches).loss
+
+
+def guarded_step(parts: Parts, batches: list[Batch], guard: StepGuard | None = None) -> StepResult:
     """One optimizer step over one batch, or over `accum_freq` batches as open_clip does:
     features of all of them first (no grad), then each batch again with grad against the
-    others' cached features, so the loss sees the whole accumulated batch at once."""
+    others' cached features, so the loss sees the whole accumulated batch at once. `guard`
+    sees the loss and gradient norm before the update and may skip it; the schedule advances
+    either way (a skipped step is still a step)."""
     parts.optimizer.zero_grad(set_to_none=True)
     if len(batches) == 1:
         with autocast(parts.precision, parts.device):
@@ -117,12 +137,25 @@ def train_step(parts: Parts, batches: list[Batch]) -> torch.Tensor:
         parts.scaler.scale(loss).backward()
     else:
         loss = accumulated_backward(parts, batches)
-    parts.scaler.step(parts.optimizer)
-    parts.scaler.update()
+    parts.scaler.unscale_(parts.optimizer)  # a no-op unless fp16's scaler is on
+    grad_norm = gradient_norm(parts.model)
+    loss = loss.detach()
+    applied = guard is None or guard(loss, grad_norm)
+    if applied:
+        parts.scaler.step(parts.optimizer)
+    parts.scaler.update()  # also when skipped: fp16's scaler still lowers its scale
     parts.scheduler.step()  # after this, param_groups hold the next step's lr
     with torch.no_grad():  # as open_clip does: keep the temperature in a sane range
         parts.core.logit_scale.clamp_(0, math.log(100))
-    return loss.detach()
+    return StepResult(loss, grad_norm, applied)
+
+
+def gradient_norm(model: torch.nn.Module) -> torch.Tensor:
+    """The total L2 norm of all gradients (as clip_grad_norm_ computes it), on the device."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
 
 def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:

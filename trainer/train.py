@@ -17,8 +17,9 @@ process group comes from the environment (trainer/distributed.py).
 
 The parts: distributed.py (the `Dist` value), step.py (loss, accumulation, optimizer),
 prefetch.py (batches onto the device), train_state.py (loop state, checkpoint and resume),
-run_log.py (metrics, TensorBoard, sample logs), train_eval.py (evaluation); this module
-builds them and runs the loop.
+run_log.py (metrics, TensorBoard, sample logs), train_eval.py (evaluation), health.py and
+guard.py (non-finite and loss-spike guards, restores, alerts.py's webhook); this module builds
+them and runs the loop.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from trainer.checkpoint import checkpoint_path, checkpoint_step
 from trainer.config import TrainConfig
 from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
 from trainer.distributed import Dist, barrier, leave, setup_distributed
+from trainer.guard import Alerts, Guard, open_alerts
 from trainer.manifest import Manifest, read_manifest
 from trainer.outputs import RunLogs
 from trainer.plan import batches_per_rank
@@ -53,7 +55,6 @@ from trainer.step import (
     lr_factor,
     lr_of,
     planned_steps,
-    train_step,
 )
 from trainer.train_eval import Evaluator, open_evaluator
 from trainer.train_state import (
@@ -105,11 +106,15 @@ class Trainer:
         state: LoopState,
         checkpoint: str | None = None,  # the checkpoint `state` was restored from
         evaluator: Evaluator | None = None,
+        alerts: Alerts | None = None,
     ) -> None:
         self.cfg, self.parts, self.dataset, self.loader = cfg, parts, dataset, loader
         self.place, self.logs, self.files = place, logs, files
         self.state, self.checkpoint = state, checkpoint  # checkpoint: the newest written
         self.evaluator = evaluator
+        self.guard = Guard(cfg, parts, place, state, alerts or Alerts(None, ""))
+        if checkpoint:
+            self.guard.saved(checkpoint)
         self.meter = Meter()
         self.epoch_batches = dataset.batches_per_epoch()
         self.first_loss: float | None = None
@@ -148,15 +153,18 @@ class Trainer:
             group.append(batch)
             if len(group) < accum:
                 continue
-            lr = lr_of(self.parts)  # the lr this step uses; train_step advances the schedule
-            loss = train_step(self.parts, group)
+            lr = lr_of(self.parts)  # the lr this step uses; the step advances the schedule
+            out = self.guard.step(group, self.state.step + 1)  # health's guarded step
             now = time.perf_counter()
             samples = sum(len(b.keys) for b in group) * self.place.world
-            self.meter.add(loss, samples, now - tick)
+            self.meter.add(out.loss, samples, now - tick, out.grad_norm, out.applied)
             tick = now  # logging and checkpoint time count toward the next step
-            tick += self.after_step(loss, group, lr)  # evaluation time does not
+            tick += self.after_step(out.loss, group, lr)  # evaluation time does not
             group = []
-            if finished(self.cfg, self.state):
+            action = self.guard.after(self.state)  # health: None, "restored" or "stop"
+            if action == "restored":  # the step's checkpoint (if any) is not the final one
+                self.checkpoint = self.guard.good
+            if action == "stop" or finished(self.cfg, self.state):
                 return
 
     def after_step(self, loss: torch.Tensor, group: list[Batch], lr: float) -> float:
@@ -212,6 +220,7 @@ class Trainer:
             )
         else:
             self.checkpoint = checkpoint_path(self.cfg.run.output, self.state.step)
+        self.guard.saved(self.checkpoint)
 
     def summary(self) -> dict[str, Any]:
         """The run's summary; every rank calls it (the data totals are all ranks')."""
@@ -239,6 +248,9 @@ class Trainer:
             "checkpoint": self.checkpoint,
             "skipped_shards": len(skipped),  # unusable shards skipped, all ranks
             "replaced_samples": replaced,  # batch places filled with another sample, all ranks
+            "skipped_steps": self.state.skipped_steps,  # health: non-finite steps skipped
+            "restores": self.state.restores,  # health: last good checkpoint reloaded
+            "stopped": self.guard.stopped,  # health: why it stopped the run (null: it did not)
         }
         if self.last_eval is not None:
             summary["eval"] = self.last_eval
@@ -252,18 +264,21 @@ class Trainer:
         skipped, replaced = self.totals()
         row = self.meter.flush(self.state) | {"lr": lr}
         row |= {"skipped_shards": len(skipped), "replaced_samples": replaced}
-        row |= extra or {}
+        row |= self.guard.fields() | (extra or {})
         self.bar.set_postfix(
             loss=f"{row['loss']:.3f}",
             samples_s=f"{row['samples_per_s']:.0f}",
             data_wait=f"{row['data_wait_frac']:.0%}",
         )
         self.files.write_row(row)
+        self.guard.logged(row)
 
     def finish(self) -> None:
         """Log the last partial window and checkpoint the final step (once)."""
         if self.meter.samples:
             self.log(self.last_lr)
+        if self.guard.stopped:  # the weights are suspect: the last good checkpoint stays newest
+            return
         if self.checkpoint != checkpoint_path(self.cfg.run.output, self.state.step):
             self.save()
 
@@ -339,11 +354,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     with LogFiles(logs.folder, cfg, place.rank, resume_step) as files:
         state = start_state(parts, previous, cfg, place, total)
         evaluator = eval_sets.evaluator(parts.core, tokenizer) if eval_sets else None
+        alerts = open_alerts(cfg, place)
         trainer = Trainer(
-            cfg, parts, dataset, loader, place, logs, files, state, previous, evaluator
+            cfg, parts, dataset, loader, place, logs, files, state, previous, evaluator, alerts
         )
-        trainer.fit()
+        try:
+            trainer.fit()
+        except Exception as err:
+            trainer.guard.failed(err, trainer.state.step)  # the run_end alert (rank 0)
+            raise
         summary = trainer.summary()  # every rank, before the process group goes
+        trainer.guard.end(summary)  # the run_end alert (rank 0)
     barrier(place)  # rank 0's final checkpoint is on disk before any rank reports done
     leave(place)
     if place.rank == 0:

@@ -50,6 +50,8 @@ class LoopState:
     # holds the earlier run's skipped shards and rank 0 its replaced samples.
     skipped_shards: set[int] = field(default_factory=set)
     replaced_samples: int = 0
+    skipped_steps: int = 0  # steps health skipped (non-finite), since the start of training
+    restores: int = 0  # times health reloaded the last good checkpoint
 
 
 def loader_state(
@@ -68,6 +70,8 @@ def loader_state(
         "manifest_samples": manifest_samples,
         "skipped_shards": sorted(state.skipped_shards),
         "replaced_samples": state.replaced_samples,
+        "skipped_steps": state.skipped_steps,
+        "restores": state.restores,
     }
 
 
@@ -142,7 +146,22 @@ def restore_state(
         batches_in_epoch=saved.get("batches_in_epoch", 0),
         skipped_shards=set(saved.get("skipped_shards", ())),
         replaced_samples=saved.get("replaced_samples", 0),
+        skipped_steps=saved.get("skipped_steps", 0),
+        restores=saved.get("restores", 0),
     )
+
+
+def reload_weights(parts: Parts, path: str, cfg: TrainConfig) -> None:
+    """Load a checkpoint's model, optimizer and scaler into `parts` (health's restore); the
+    schedule, the learning rate and the loader go on where they are."""
+    ckpt = load_checkpoint(path, cfg.storage_options)
+    rates = [group["lr"] for group in parts.optimizer.param_groups]
+    parts.core.load_state_dict(ckpt["model"])
+    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    for group, lr in zip(parts.optimizer.param_groups, rates, strict=True):
+        group["lr"] = lr
+    parts.scaler.load_state_dict(ckpt["scaler"])
+    log.warning("health: restored the weights of %s", path)
 
 
 def finished(cfg: TrainConfig, state: LoopState) -> bool:
