@@ -64,6 +64,7 @@ from pipeline.shards import (
     write_shard,
 )
 from pipeline.signatures import signature_table, with_string_columns, write_signatures
+from pipeline.source_staging import stage_sources
 from pipeline.sources import iter_chunks, plan_source, read_partition
 from pipeline.stats import build_stats, stage_seconds
 from stages.base import DROP, DROP_STAGE, Stage
@@ -86,6 +87,8 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     connect(cfg.ray)
     timer = PhaseTimer()
     work_url = join(cfg.output.path, WORK_DIR)
+    # After the claim: staged copies of the source (gzip lists, huge row groups) are _work scratch.
+    parts = stage_sources(parts, work_url, cfg.storage_options, partial(run_tasks, label="staging"))
     signatures = timer.run("candidates", phase_a, cfg, stages, parts, work_url, progress)
     signatures = timer.run("decide", phase_b, signatures, stages)
     entries, shard_of = timer.run("shards", phase_c, cfg, signatures, work_url, progress)

@@ -60,6 +60,9 @@ class SourceConfig(Strict):
     files_per_task: int = Field(
         256, gt=0, description="Input files (or samples) read by one Ray task."
     )
+    carry_columns: list[str] | None = Field(
+        None, description="urls: columns copied into <key>.json (None: all but url and caption)."
+    )
 
     _resolve = field_validator("path")(resolved_here)
 

@@ -2,12 +2,19 @@
 
 Keys come from the row's position across the sorted input files (`000000042`), so a rerun of
 the same list gives the same keys. Every column other than url and caption is carried into
-`<key>.json`, as img2dataset's `save_additional_columns` does.
+`<key>.json`, as img2dataset's `save_additional_columns` does (or those `carry_columns` names).
+
+A partition reads only its rows: planning (plan_file) decides how, per file; see
+pipeline/source_ranges.py (row groups, byte ranges) and pipeline/source_staging.py (a parquet
+copy under `_work/` for lists without random access: gzip, quoted newlines, huge row groups).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -16,13 +23,24 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from core.config_io import ConfigError
-from core.storage import filesystem, protocol_of, with_protocol
+from core.storage import filesystem, protocol_of, with_protocol, with_retries
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
+from pipeline.source_ranges import (
+    group_starts,
+    groups_for,
+    pack_schema,
+    read_byte_range,
+    read_row_groups,
+    scan_rows,
+)
+from pipeline.source_staging import stage_folder
 from stages.base import DROP, DROP_STAGE
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
 KEY_DIGITS = 9
+STAGE_RATIO = 2  # parquet row groups above this many partitions: staged (reads ~ r+1 vs ~3)
+log = logging.getLogger("mmcurate.sources")
 
 
 def file_format(path: str) -> str:
@@ -65,31 +83,83 @@ def list_url_files(cfg: SourceConfig, storage_options: dict[str, Any]) -> tuple[
     return fs, paths
 
 
-def count_rows(fs: Any, path: str, cfg: SourceConfig) -> int:
-    """Rows in one file; checks that the configured columns exist."""
-    if file_format(path) == "parquet" and not path.endswith(".gz"):
-        with fs.open(path, "rb") as src:
-            meta = pq.ParquetFile(src)
-            names, rows = meta.schema_arrow.names, meta.metadata.num_rows
-    else:
-        table = read_table(fs, path, (cfg.url_column, cfg.caption_column))
-        names, rows = table.column_names, table.num_rows
+def needed_columns(names: list[str], path: str, cfg: SourceConfig) -> list[str] | None:
+    """The columns partitions read (file order): None for all; checks the configured ones."""
     for option, column in (("url_column", cfg.url_column), ("caption_column", cfg.caption_column)):
         if column not in names:
             raise ConfigError(
                 f"source.{option}: no column {column!r} in {path} (columns: {', '.join(names)})"
             )
-    return rows
+    if cfg.carry_columns is None:
+        return None
+    missing = [c for c in cfg.carry_columns if c not in names]
+    if missing:
+        raise ConfigError(f"source.carry_columns: no column {missing[0]!r} in {path}")
+    keep = {cfg.url_column, cfg.caption_column, *cfg.carry_columns}
+    return [name for name in names if name in keep]
+
+
+def plan_file(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[int, int], dict]]:
+    """(rows, how partition (start, count) of this file is read): its row groups (parquet),
+    its byte range (plain text, rows one line each), else a staged copy (pipeline/source_staging)
+    and, until it exists, the whole file."""
+    fmt, every = file_format(path), cfg.files_per_task
+    if fmt == "parquet" and not path.endswith(".gz"):
+        return plan_parquet(fs, path, cfg)
+    table = read_table(fs, path, (cfg.url_column, cfg.caption_column))  # the schema, as today
+    columns = needed_columns(table.column_names, path, cfg)
+    common = {"format": fmt, "columns": columns}
+    staged = {**common, "read": "whole", "stage": stage_folder(path, every, columns)}
+    staged["stage_rows"] = every
+    if path.endswith(".gz"):
+        return table.num_rows, lambda start, count: staged | {"stage_index": start // every}
+    scan = scan_rows(fs, path, every, header=fmt != "jsonl")
+    if scan.lone_cr or scan.data_rows != table.num_rows:
+        log.warning("source: %s: rows span lines (quoted newlines?): staged as parquet", path)
+        return table.num_rows, lambda start, count: staged | {"stage_index": start // every}
+    size = fs.size(path)
+    ends = [*scan.starts[1:], size]
+    common |= {"read": "bytes", "schema": pack_schema(table.schema)}
+    common["header"] = scan.data_start if fmt != "jsonl" else 0
+
+    def byte_range(start: int, count: int) -> dict:
+        index = start // every
+        return common | {"range": [scan.starts[index], ends[index]]}
+
+    return table.num_rows, byte_range
+
+
+def plan_parquet(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[int, int], dict]]:
+    every = cfg.files_per_task
+    with fs.open(path, "rb") as src:
+        meta = pq.ParquetFile(src)
+        names, info = meta.schema_arrow.names, meta.metadata
+    columns = needed_columns(names, path, cfg)
+    starts = group_starts(info)
+    largest = max((b - a for a, b in zip(starts, starts[1:], strict=False)), default=0)
+    common = {"format": "parquet", "columns": columns, "read": "row_groups"}
+    common["footer"] = info.serialized_size + 8  # the footer and its length and magic
+    common["size"] = fs.size(path)
+    if largest > STAGE_RATIO * every:  # a partition would read far more than its rows
+        common |= {"stage": stage_folder(path, every, columns), "stage_rows": every}
+
+    def row_groups(start: int, count: int) -> dict:
+        groups, skip = groups_for(starts, start, count)
+        extra = {"stage_index": start // every} if "stage" in common else {}
+        return common | {"groups": groups, "skip": skip} | extra
+
+    return info.num_rows, row_groups
 
 
 def plan_urls(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """Partitions of `files_per_task` rows: (file, first row in file, rows, first global row)."""
+    """Partitions of `files_per_task` rows: (file, first row in file, rows, first global row),
+    and how to read just those rows (plan_file)."""
     fs, paths = list_url_files(cfg, storage_options)
     protocol = protocol_of(cfg.path)
     parts: list[dict[str, Any]] = []
     first_global = 0
     for path in paths:
-        rows = count_rows(fs, path, cfg)
+        rows, how = plan_file(fs, path, cfg)
         for start in range(0, rows, cfg.files_per_task):
             count = min(cfg.files_per_task, rows - start)
             parts.append(
@@ -103,19 +173,43 @@ def plan_urls(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[s
                     "protocol": protocol,
                     "url_column": cfg.url_column,
                     "caption_column": cfg.caption_column,
+                    **how(start, count),
                 }
             )
         first_global += rows
     return parts
 
 
+def part_table(part: dict[str, Any], storage_options: dict[str, Any]) -> pa.Table:
+    """Just this partition's rows (and used columns)."""
+    if part.get("staged_url"):
+        fs, path = filesystem(part["staged_url"], storage_options)
+        return pq.read_table(io.BytesIO(with_retries(lambda: fs.cat_file(path))))
+    fs, path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)
+    columns, how = part.get("columns"), part.get("read", "whole")  # a hand-made part: whole
+    if how == "row_groups":
+        table = with_retries(
+            lambda: read_row_groups(fs, path, part["groups"], columns, part["size"], part["footer"])
+        )
+        return table.slice(part["skip"], part["count"])
+    if how == "bytes":
+        return with_retries(lambda: read_byte_range(fs, path, part))
+    table = read_table(fs, path, (part["url_column"], part["caption_column"]))
+    table = table.slice(part["start"], part["count"])
+    return table if columns is None else table.select(columns)
+
+
 def read_urls(part: dict[str, Any], storage_options: dict[str, Any]) -> dict[str, list]:
     """One partition's rows as samples: key, url, caption and the other columns as JSON."""
-    fs, path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)
-    columns = (part["url_column"], part["caption_column"])
-    rows = read_table(fs, path, columns).slice(part["start"], part["count"]).to_pylist()
+    table = part_table(part, storage_options)
+    if table.num_rows != part["count"]:
+        raise RuntimeError(
+            f"{part['file']}: partition {part['part']} read {table.num_rows} rows, "
+            f"planned {part['count']} (the file changed since planning?)"
+        )
+    path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)[1]
     batch = empty_batch()
-    for index, row in enumerate(rows):
+    for index, row in enumerate(table.to_pylist()):
         sample = url_sample(row, part, part["first_key"] + index)
         sample.update({"__part__": part["part"], "__index__": index, "__source__": path})
         append_sample(batch, sample)

@@ -1,15 +1,21 @@
-"""The `urls` source: formats, compression, keys from position, carried columns."""
+"""The `urls` source: formats, compression, keys from position, carried columns; a build
+over a loopback server equals the whole-file reader (issue 19)."""
 
 import gzip
 import json
+import tarfile
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from http_corpus import Corpus, photo_bytes
+from test_source_ranges import reference_rows
 
 from core.config_io import ConfigError
-from pipeline.config import SourceConfig
+from pipeline.build import run_build
+from pipeline.config import BuildConfig, SourceConfig
+from pipeline.source_synth import laion_like_table, write_parquet_list
 from pipeline.source_urls import plan_urls, read_urls
 from stages.base import DROP
 
@@ -99,3 +105,62 @@ def test_bad_cells_become_drop_reasons(tmp_path):
     pq.write_table(tab, tmp_path / "a.parquet")
     rows = read_all(SourceConfig(kind="urls", path=str(tmp_path / "a.parquet")))
     assert [r[DROP] for r in rows] == ["missing_url", "url_not_utf8", "caption_not_utf8"]
+
+
+@pytest.fixture
+def corpus():
+    server = Corpus().start()
+    yield server
+    server.stop()
+
+
+def shard_samples(out) -> dict[str, dict[str, str]]:
+    samples: dict[str, dict[str, str]] = {}
+    for shard in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                key, _, ext = member.name.partition(".")
+                if ext in ("json", "txt"):
+                    samples.setdefault(key, {})[ext] = tar.extractfile(member).read().decode()
+    return samples
+
+
+def test_build_over_loopback_gives_the_whole_file_readers_keys_and_json(
+    ray_session, corpus, tmp_path
+):
+    """Issue 19: a LAION-layout list (row groups of 300, partitions of 256) read by row
+    groups builds exactly the samples the whole-file reader gave: keys, json, captions."""
+    table = laion_like_table(2000, corpus.base)
+    jpg = photo_bytes(size=(24, 16))
+    for index, url in enumerate(table.column("URL").to_pylist()):
+        if index % 50 != 3:  # the rest answer 404
+            corpus.serve(url.removeprefix(corpus.base), jpg)
+    source = tmp_path / "laion.parquet"
+    write_parquet_list(table, source, 300)
+    spec = {
+        "source": {
+            "kind": "urls",
+            "path": str(source),
+            "url_column": "URL",
+            "caption_column": "TEXT",
+        },
+        "stages": [
+            {"name": "download", "timeout_s": 5, "retries": 0, "allow_private_addresses": True}
+        ],
+        "output": {"path": str(tmp_path / "out")},
+    }
+    run_build(BuildConfig.model_validate(spec), progress=False)
+    expected = {
+        key: (json.loads(meta), txt)
+        for key, _, txt, meta, _ in reference_rows(str(source), "parquet", 256)
+        if int(key) % 50 != 3
+    }
+    built = shard_samples(tmp_path / "out")
+    assert built.keys() == expected.keys()
+    for key, (meta, txt) in expected.items():
+        got = json.loads(built[key]["json"])  # the source's fields, plus what download adds
+        assert {name: got.get(name) for name in meta} == meta, key
+        assert built[key].get("txt") == txt
+    reasons = pq.read_table(tmp_path / "out" / "signatures").to_pydict()
+    dropped = {k for k, r in zip(reasons["key"], reasons["drop_reason"], strict=True) if r}
+    assert dropped == {f"{i:09d}" for i in range(2000) if i % 50 == 3}
