@@ -116,7 +116,9 @@ def check_fits(stage: Stage, gpus: float, count: int, cluster: float, node: floa
 def start_pool(stage: Stage, gpus: float, count: int) -> RemoteEncoder:
     opts = stage.options
     device = "cuda" if gpus > 0 else "cpu"
-    actor_class = ray.remote(ModelActor).options(num_gpus=gpus, num_cpus=0 if gpus else 1)
+    actor_class = ray.remote(ModelActor).options(
+        num_gpus=gpus, num_cpus=0 if gpus else 1, resources=opts.resources or None
+    )
     actors = [
         actor_class.remote(opts.model, opts.pretrained, device, opts.precision)
         for _ in range(count)

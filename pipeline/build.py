@@ -128,7 +128,7 @@ def phase_a(
     encoders = start_pools(stages) if todo else {}  # stops its own pools if it fails
     try:
         task = partial(partition_task, cfg=cfg, work_url=work_url, encoders=encoders)
-        run_tasks(todo, task, "partitions", progress)
+        run_tasks(todo, task, "partitions", progress, resources=cfg.ray.resources)
     finally:
         stop_pools(encoders)
     return read_signatures(work_url, [p["part"] for p in parts], cfg.storage_options)

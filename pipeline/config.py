@@ -89,6 +89,10 @@ class RayConfig(Strict):
     )
     num_cpus: int | None = Field(None, gt=0, description="CPUs for a local Ray (default: all).")
     batch_size: int = Field(64, gt=0, description="Samples per stage call inside a task.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each partition task asks for, e.g. {ingest: 1}.",
+    )
 
 
 class BuildConfig(Strict):

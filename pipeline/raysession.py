@@ -32,22 +32,30 @@ def _run_one(fn: Callable[[Any], Any], item: Any) -> Any:
     return fn(item)
 
 
-def run_tasks(items: list[T], fn: Callable[[T], R], label: str, progress: bool = False) -> list[R]:
+def run_tasks(
+    items: list[T],
+    fn: Callable[[T], R],
+    label: str,
+    progress: bool = False,
+    resources: dict[str, float] | None = None,
+) -> list[R]:
     """Run `fn(item)` for each item as a Ray task (one CPU each); return the results in order.
 
     Plain tasks rather than a Ray Data `map_batches`: measured here, Ray Data's streaming
     executor held this one-partition-per-task workload to fewer concurrent tasks than CPUs
     (BENCHMARKS.md). Items and `fn` are plain objects; tasks write their own outputs to
     storage, and only what the driver reads comes back.
-    A bounded window keeps the scheduler's queue and the driver's memory small.
+    A bounded window keeps the scheduler's queue and the driver's memory small. `resources`:
+    custom Ray resources each task asks for besides its CPU (e.g. a node pool's label).
     """
     window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)
     fn_ref = ray.put(fn)
+    remote = _run_one.options(resources=resources) if resources else _run_one
     pending: dict[int, ray.ObjectRef] = {}
     results: list[Any] = [None] * len(items)
     with tqdm(total=len(items), desc=label, unit="task", disable=not progress) as bar:
         for index, item in enumerate(items):
-            pending[index] = _run_one.remote(fn_ref, item)
+            pending[index] = remote.remote(fn_ref, item)
             if len(pending) >= window:
                 collect_one(pending, results)
                 bar.update()

@@ -104,6 +104,9 @@ class ModelOptions(StageOptions):
     concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per actor, e.g. {scoring: 1}"
+    )
 
 
 class ModelStage(Stage):
