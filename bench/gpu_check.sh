@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # GPU check for one H200 (the `device` tool's machine), under 9 minutes: CLIP scoring
 # throughput from shards, decode included, mmcurate's clip_score parts vs a plain open_clip
-# loop, for ViT-B-32 and ViT-L-14, with GPU utilisation (one table); then ViT-B-32 training
-# from the same shards with mmcurate's trainer, CPU decode and gpu_decode: samples/s and
-# data_wait_frac (bench/gpu_train.py, one JSON line each); then `mmcurate probe` for ViT-B-32
+# loop, for ViT-B-32 and ViT-L-14, with GPU utilisation (one table); then ViT-B-32 bf16
+# training from the same shards with mmcurate's trainer on the ring path (CPU decode, uint8
+# batches in the loader workers' shared-memory rings, copied on a side stream) with 4, 8 and 16
+# loader workers, and with gpu_decode: step time, samples/s and data_wait_frac
+# (bench/gpu_train.py, one JSON line each); then `mmcurate probe` for ViT-B-32
 # bf16 on the same shards: the batch-size ladder up to 16384 (torch.cuda.max_memory_allocated
 # per rung; the rungs past the H200's memory end in torch.cuda.OutOfMemoryError, which the
 # probe survives), the loader's rates and the recommendation for a global batch of 4096
 # (table on stdout, JSON in $OUT/probe.json).
 #
-# Parts: `bash bench/gpu_check.sh` runs all three (about 11 minutes: more than one device call
-# allows); `bash bench/gpu_check.sh train score` and `bash bench/gpu_check.sh probe` split
-# them into calls under 9 minutes each.
+# Parts: `bash bench/gpu_check.sh` runs all three (up to 15 minutes: more than one device call
+# allows); name parts to split them into calls under 10 minutes each: `train` (4 runs, at most
+# 5 minutes), `score` (at most 6.5), `probe` (at most 4), e.g. `bash bench/gpu_check.sh train`
+# then `bash bench/gpu_check.sh score` and `bash bench/gpu_check.sh probe`.
 #
 # The device has PyTorch, Pillow, numpy, pyarrow, scikit-image and nvidia-ml-py but no
 # network: carry open_clip and pydantic as wheels. Once, here, in the repo root:
@@ -50,7 +53,7 @@ PY
 out=${OUT:-/tmp}
 parts=${*:-train score probe}
 if [[ " $parts " == *" train "* ]]; then
-  timeout 150 python3 bench/gpu_train.py --shards "$shards" | tee -a "$out/gpu_check.txt"
+  timeout 300 python3 bench/gpu_train.py --workers 4 8 16 --shards "$shards" | tee -a "$out/gpu_check.txt"
 fi
 if [[ " $parts " == *" score "* ]]; then
   timeout 380 python3 bench/gpu_check.py --shards "$shards" | tee -a "$out/gpu_check.txt"

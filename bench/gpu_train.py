@@ -1,8 +1,11 @@
-"""GPU check, training part: ViT-B-32 CLIP training from shards on one GPU with mmcurate's
-trainer; samples/s and data_wait_frac (the share of step time spent waiting for data), with
-JPEG decode in the loader workers and with `data.gpu_decode` (nvJPEG on the GPU).
+"""GPU check, training part: ViT-B-32 CLIP training (bf16) from shards on one GPU with
+mmcurate's trainer; step time, samples/s and data_wait_frac (the share of step time spent
+waiting for data). First the ring path (JPEG decode in the loader workers, uint8 batches in
+their shared-memory rings, registered with CUDA and copied on a side stream) with each of
+`--workers` (4, 8 and 16 by default), then `data.gpu_decode` (nvJPEG on the GPU, a
+DataLoader) with the largest. Each line names the transport the run used.
 
-    python3 bench/gpu_train.py --shards DIR [--model ViT-B-32] [--batch 256] [--workers 14]
+    python3 bench/gpu_train.py --shards DIR [--model ViT-B-32] [--batch 256] [--workers 4 8 16]
 
 The first logged window (compile, cuDNN autotune, worker start) is left out of the figures.
 Runs on a CPU too (slowly), which is how it is checked on machines without a GPU.
@@ -20,7 +23,7 @@ import torch
 
 from core.tario import iter_tar_samples
 from trainer.config import TrainConfig
-from trainer.train import train
+from trainer.train import train, training_transport
 
 
 def write_manifest(shards: Path) -> Path:
@@ -36,14 +39,14 @@ def write_manifest(shards: Path) -> Path:
     return shards / "manifest.json"
 
 
-def run(manifest: Path, args: argparse.Namespace, gpu_decode: bool) -> dict:
+def run(manifest: Path, args: argparse.Namespace, workers: int, gpu_decode: bool) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig.model_validate(
             {
                 "data": {
                     "manifest": str(manifest),
                     "batch_size": args.batch,
-                    "workers": args.workers,
+                    "workers": workers,
                     "gpu_decode": gpu_decode,
                 },
                 "model": {"name": args.model},
@@ -55,14 +58,19 @@ def run(manifest: Path, args: argparse.Namespace, gpu_decode: bool) -> dict:
                 },
             }
         )
+        how = training_transport(cfg, "cuda" if torch.cuda.is_available() else "cpu")
         train(cfg)
         rows = [
             json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().split("\n")[:-1]
         ]
     measured = [r for r in rows if r["step"] > args.log_every]  # leave out the first window
+    rate = sum(r["samples_per_s"] for r in measured) / len(measured)
     return {
+        "workers": workers,
         "gpu_decode": gpu_decode,
-        "samples_per_s": round(sum(r["samples_per_s"] for r in measured) / len(measured), 1),
+        "transport": "rings" if how.rings else "dataloader",
+        "step_ms": round(1000 * args.batch / rate, 1),
+        "samples_per_s": round(rate, 1),
         "data_wait_frac": round(max(r["data_wait_frac"] for r in measured), 4),
         "last_loss": round(rows[-1]["loss"], 3),
     }
@@ -73,15 +81,16 @@ def main() -> None:
     parser.add_argument("--shards", type=Path, required=True)
     parser.add_argument("--model", default="ViT-B-32")
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--workers", type=int, default=14)
+    parser.add_argument("--workers", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--log-every", type=int, default=10)
     args = parser.parse_args()
     manifest = write_manifest(args.shards)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     print(f"training {args.model}, batch {args.batch}, {args.workers} workers, on {device}")
-    for gpu_decode in (False, True):
-        print(json.dumps(run(manifest, args, gpu_decode)), flush=True)
+    runs = [(workers, False) for workers in args.workers] + [(max(args.workers), True)]
+    for workers, gpu_decode in runs:
+        print(json.dumps(run(manifest, args, workers, gpu_decode)), flush=True)
 
 
 if __name__ == "__main__":

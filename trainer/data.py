@@ -2,12 +2,12 @@
 
 Each loader worker follows its part of the epoch plan (trainer/plan.py), epoch after epoch: it
 reads only its shard runs, front to back, holds raw samples until the shuffle buffer emits
-them, and yields whole batches: `Batch(images, tokens, keys)`. The workers are the loader's
-own processes with reused shared-memory slots (trainer/ring.py) when the CPU trains, and a
-DataLoader's with pinned memory on CUDA (`make_loader`). Images leave the workers as uint8 after the
-geometric part of the train transform (trainer/transform.py; 4x less to pass between
-processes than float); the float conversion and normalization run on the training GPU
-(`ImageTransform.finish`), or in the workers when training on the CPU. Shards are read by
+them, and yields whole batches: `Batch(images, tokens, keys)`. The workers are the loader's own
+processes with reused shared-memory slots (trainer/ring.py) on the CPU and on CUDA alike (a
+DataLoader's only with device decode or no workers: `make_loader`). Images leave the workers
+as uint8 after the geometric part of the train transform (trainer/transform.py; 4x less to
+pass between processes than float); the float conversion and normalization run on the training
+GPU (`ImageTransform.finish`), or in the workers when training on the CPU. Shards are read by
 trainer/reader.py: through the node's cache or streamed, verified against the manifest first,
 and skipped (counted, logged) when unusable.
 """

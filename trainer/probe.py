@@ -34,7 +34,7 @@ from trainer.probe_ladder import ladder_here, ladder_in_child
 from trainer.run_log import Meter
 from trainer.sizing import recommend
 from trainer.step import build_parts, guarded_step
-from trainer.train import make_dataset, read_sources
+from trainer.train import make_dataset, make_training_loader, read_sources
 
 log = logging.getLogger("trainer.probe")  # also when run as __main__
 GIB = 2**30
@@ -86,8 +86,7 @@ def measure_wait(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
     parts, (preprocess, tokenizer) = build_parts(cfg, place, 1000)
     dataset = make_dataset(cfg, read_sources(cfg), place, preprocess, tokenizer)
     dataset.set_epoch(0, None)
-    hold = None if device.type == "cuda" else 2
-    loader = iter(make_loader(dataset, cfg.data.workers, pin_memory=hold is None, hold=hold))
+    loader = iter(make_training_loader(cfg, dataset, place))  # the loader training uses
     meter, steps = Meter(), 0
     try:
         batches = timed(iter(DevicePrefetcher(loader, device, dataset.transform)), meter)

@@ -34,6 +34,27 @@ from trainer.batch import Batch, NoData
 from trainer.manifest import NoUsableData
 
 WAIT_S = 5.0  # how often a waiting training process checks that the worker is still alive
+# Views a CUDA training process keeps: the batch whose copy to the device may still run (its
+# slot goes back only after the copy's event, trainer/prefetch.py) and the one drawn next.
+DEVICE_HOLD = 2
+
+
+class Transport(NamedTuple):
+    """How batches reach the training process (`transport`)."""
+
+    rings: bool  # through the loader's own workers' shared-memory rings (RingLoader)
+    hold: int | None  # with rings: the most batches (views) the training process keeps at once
+    pin_memory: bool  # without rings: a DataLoader's pinned batches, for asynchronous copies
+
+
+def transport(device_type: str, workers: int, accum_freq: int, device_decode: bool) -> Transport:
+    """The training loader's transport, the same on every device: rings whenever there are
+    workers. Only `hold` differs: the CPU trains on the views and keeps a step's `accum_freq`
+    batches while it draws the next; CUDA keeps device copies and holds `DEVICE_HOLD` views.
+    Device decode (variable-size JPEG lists) and no workers take a DataLoader."""
+    if not workers or device_decode:
+        return Transport(False, None, device_type == "cuda")
+    return Transport(True, DEVICE_HOLD if device_type == "cuda" else accum_freq + 1, False)
 
 
 class Ring:

@@ -44,6 +44,7 @@ from trainer.manifest import Manifest, read_manifest
 from trainer.outputs import RunLogs
 from trainer.plan import batches_per_rank
 from trainer.prefetch import DevicePrefetcher, timed
+from trainer.ring import Transport, transport
 from trainer.run_log import LogFiles, Meter, require_tensorboard, tensorboard_writer, trim_log
 from trainer.step import (
     Parts,
@@ -322,14 +323,19 @@ def make_dataset(
     )
 
 
+def training_transport(cfg: TrainConfig, device_type: str) -> Transport:
+    """The loader's transport for a run on `device_type` ("cpu" or "cuda"): a pure function
+    of the config, so a CPU test checks the very choice a GPU run makes (trainer/ring.py)."""
+    data = cfg.data
+    return transport(device_type, data.workers, cfg.optim.accum_freq, data.gpu_decode)
+
+
 def make_training_loader(cfg: TrainConfig, dataset: ShardDataset, place: Dist) -> Any:
-    """On the CPU the loop trains on the loader's views and keeps a step's accum_freq batches
-    while it draws the next: they stay valid that long (trainer/ring.py). On CUDA the
-    DataLoader's pinned path stays: its copies to the GPU are asynchronous, and rings
-    registered with CUDA are not built yet."""
-    cuda = place.device.type == "cuda"
-    hold = None if cuda else cfg.optim.accum_freq + 1
-    return make_loader(dataset, cfg.data.workers, pin_memory=cuda, hold=hold)
+    """The same loader on the CPU and on CUDA: the loader's own workers and their
+    shared-memory rings (a DataLoader only for data.gpu_decode or no workers). On CUDA,
+    DevicePrefetcher copies each view to the device on a side stream (trainer/prefetch.py)."""
+    how = training_transport(cfg, place.device.type)
+    return make_loader(dataset, cfg.data.workers, pin_memory=how.pin_memory, hold=how.hold)
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
