@@ -1,8 +1,10 @@
 """A small image-text set made offline from the photos scikit-image ships.
 
 Each sample is a random crop / flip / colour jitter / resize of one source photo, with a caption
-that always names that photo's subject (so a tiny CLIP can learn the pairing). On top of the
-distinct samples come byte-identical copies (for exact dedupe) and broken files (for decode).
+that always names that photo's subject (so a tiny CLIP can learn the pairing); every fifth
+sample's caption is in Chinese (`SUBJECTS_ZH`), as in the multilingual sets this toolkit is
+for. On top of the distinct samples come byte-identical copies (for exact dedupe) and broken
+files (for decode).
 """
 
 from __future__ import annotations
@@ -39,7 +41,29 @@ SUBJECTS: dict[str, str] = {
     "page": "a page of printed text",
     "text": "a sign with letters",
 }
+SUBJECTS_ZH: dict[str, str] = {
+    "astronaut": "宇航员",
+    "camera": "拿着相机的男人",
+    "chelsea": "一只猫",
+    "coffee": "一杯咖啡",
+    "coins": "古老的硬币",
+    "rocket": "发射台上的火箭",
+    "moon": "月球表面",
+    "grass": "草地",
+    "gravel": "碎石",
+    "brick": "砖墙",
+    "hubble_deep_field": "深空中的星系",
+    "immunohistochemistry": "显微镜下染色的组织",
+    "retina": "人的视网膜",
+    "clock": "挂钟",
+    "colorwheel": "色轮",
+    "stereo_motorcycle": "一辆摩托车",
+    "page": "一页印刷文字",
+    "text": "写着字的牌子",
+}
 TEMPLATES = ("a photo of {}", "a picture of {}", "an image of {}", "{}", "a close-up of {}")
+TEMPLATES_ZH = ("{}的照片", "一张{}的图片", "{}的特写", "拍摄的{}")
+CHINESE_EVERY = 5  # sample i has a Chinese caption when i % 5 == 2
 PNG_FRACTION = 0.04
 BROKEN_KINDS = ("truncated", "empty", "text", "random", "header_only")
 
@@ -108,6 +132,11 @@ def _caption(subject: str, notes: list[str], rng: np.random.Generator) -> str:
     return text
 
 
+def _caption_zh(source: str, index: int) -> str:
+    """A Chinese caption chosen by the sample's index (the random stream stays as it was)."""
+    return TEMPLATES_ZH[(index // CHINESE_EVERY) % len(TEMPLATES_ZH)].format(SUBJECTS_ZH[source])
+
+
 def _encode(image: Image.Image, ext: str, rng: np.random.Generator) -> bytes:
     buffer = io.BytesIO()
     if ext == "png":
@@ -131,6 +160,8 @@ def iter_samples(
         ext = "png" if rng.random() < png_fraction else "jpg"
         data = _encode(image, ext, rng)
         caption = _caption(SUBJECTS[source], notes, rng)
+        if index % CHINESE_EVERY == 2:
+            caption = _caption_zh(source, index)
         if data in seen:  # practically never; redraw keeps "distinct" a guarantee
             continue
         seen.add(data)

@@ -1,6 +1,7 @@
 """report.html: one static page per build, with every image embedded (opens offline).
 
-Sections: the funnel (samples after each stage) and drops by reason; the CLIP score
+Sections: the funnel (samples after each stage) and drops by reason; the language mix (when
+language_filter ran: samples per detected language, kept and dropped); the CLIP score
 histogram with its threshold; duplicate groups (kept beside dropped); kept samples; samples
 each filter dropped; shard sizes; worker seconds per stage. Plots are matplotlib PNGs,
 thumbnails small JPEGs, both as data URIs. Images of dropped samples come from the source
@@ -45,6 +46,7 @@ def render_report(
     sections = [
         summary(output, manifest, stats),
         funnel(stats),
+        language_mix(rows),
         scores(rows, manifest),
         duplicates(source_fs, rows, kept),
         kept_grid(kept),
@@ -167,6 +169,29 @@ def funnel(stats: dict) -> str:
 
 def drops_text(dropped: dict[str, int]) -> str:
     return ", ".join(f"{reason}={n}" for reason, n in dropped.items()) or "-"
+
+
+def language_mix(rows: list[dict], top: int = 20) -> str:
+    """Samples per detected language (language_filter's `language` column), most first."""
+    seen: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # code -> [kept, dropped]
+    for row in rows:
+        if row.get("language"):
+            seen[row["language"]][0 if row.get("drop_reason") is None else 1] += 1
+    if not seen:
+        return ""
+    order = sorted(seen, key=lambda code: (-sum(seen[code]), code))
+    total = sum(sum(counts) for counts in seen.values())
+    lines = [(code, *seen[code]) for code in order[:top]]
+    rest = order[top:]
+    if rest:
+        lines.append((f"{len(rest)} others", *(sum(seen[c][i] for c in rest) for i in (0, 1))))
+    cells = "".join(
+        f"<tr><td>{html.escape(label)}</td><td>{kept + dropped}</td>"
+        f"<td>{100 * (kept + dropped) / total:.1f}%</td><td>{kept}</td><td>{dropped}</td></tr>"
+        for label, kept, dropped in lines
+    )
+    head = "<tr><th>language</th><th>samples</th><th>share</th><th>kept</th><th>dropped</th></tr>"
+    return f"<h2>Language mix</h2><table>{head}{cells}</table>"
 
 
 def scores(rows: list[dict], manifest: dict) -> str:

@@ -7,18 +7,24 @@ the pool the build starts (`num_gpus` per actor, `concurrency` actors). Adds `cl
 `semantic_dedupe` reuses `embedding`). Filters: `min_score`, `max_score` per sample, and
 `keep_top_fraction` as a global decision: exactly ceil(f x N) of the N scored samples that
 reach it survive, by score, ties broken by key.
+
+`concepts` (stages/lib/text_prompts.py) score the same image embeddings zero-shot against
+prompt sets (watermark, nsfw, text, or your own): each adds `concept_<name>` (0-1, also in
+`<key>.json`), and `max`/`min` drop as `concept_<name>`. Prompts are encoded once per task;
+no image goes through the model twice.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from core.mapreduce import Runner
 from stages.base import (
@@ -32,6 +38,7 @@ from stages.base import (
 )
 from stages.lib.clip_model import ClipModel, cached_model, check_model
 from stages.lib.dedupe_common import Decisions, live_rows
+from stages.lib.text_prompts import ConceptOptions, concept_probability, prompt_sets
 
 
 class Encoder(Protocol):
@@ -47,6 +54,18 @@ class ClipScoreOptions(ModelOptions):
     max_score: float | None = None
     keep_top_fraction: float | None = Field(None, gt=0, le=1, description="DataComp: 0.3")
     batch_size: int = Field(64, ge=1)
+    concepts: dict[str, ConceptOptions] = Field(
+        default_factory=dict, description="zero-shot scores: {name: {prompts, against, max, min}}"
+    )
+
+    @field_validator("concepts")
+    @classmethod
+    def _concepts(cls, concepts: dict[str, ConceptOptions]) -> dict[str, ConceptOptions]:
+        for name, concept in concepts.items():
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                raise ValueError(f"concept name {name!r}: use lowercase letters, digits, _")
+            prompt_sets(name, concept)
+        return concepts
 
 
 @register
@@ -87,9 +106,33 @@ class ClipScore(ModelStage):
                 good.append((i, mine))
             else:
                 reasons[i] = "decode_error"
-        for i, score in self.score_rows(batch, good, encoder).items():
+        scores = self.score_rows(batch, good, encoder)
+        for i, score in scores.items():
             reasons[i] = self.filter_reason(score)
+        if self.options.concepts and scores:
+            self.score_concepts(batch, list(scores), encoder, reasons)
         return batch, reasons
+
+    def score_concepts(
+        self, batch: Columns, rows: list[int], encoder: Encoder, reasons: list[str | None]
+    ) -> None:
+        """`concept_<name>` for the scored rows, from their image embeddings; thresholds
+        drop rows that the score filters kept."""
+        size = len(batch["__key__"])
+        images = np.stack([batch["embedding"][i] for i in rows]).astype(np.float32)
+        metas = batch["json"]
+        for name, concept in self.options.concepts.items():
+            prompts, against = prompt_sets(name, concept)
+            texts = self.prompt_embeddings(name, [*prompts, *against], encoder)
+            probability = concept_probability(images, texts, len(prompts))
+            column = batch.setdefault(f"concept_{name}", [None] * size)
+            for i, value in zip(rows, probability, strict=True):
+                column[i] = round(float(value), 6)
+                metas[i] = with_fields(metas[i], {f"concept_{name}": column[i]})
+                too_high = concept.max is not None and column[i] > concept.max
+                too_low = concept.min is not None and column[i] < concept.min
+                if reasons[i] is None and (too_high or too_low):
+                    reasons[i] = f"concept_{name}"
 
     def score_rows(self, batch: Columns, good: list, encoder: Encoder) -> dict[int, float]:
         """Encode about `batch_size` pictures at a time; a video's image embedding is the
@@ -112,6 +155,14 @@ class ClipScore(ModelStage):
                 metas[i] = with_score(metas[i], score)
         batch["json"] = metas
         return scores
+
+    def prompt_embeddings(self, name: str, prompts: list[str], encoder: Encoder) -> np.ndarray:
+        """A concept's prompts encoded once per task (this stage object serves one task, or
+        a worker's local model, whose embeddings are the same for every batch)."""
+        cache = self.__dict__.setdefault("prompt_cache", {})
+        if name not in cache:
+            cache[name] = encode_texts(encoder, prompts)
+        return cache[name]
 
     def filter_reason(self, score: float) -> str | None:
         opts = self.options
@@ -159,9 +210,19 @@ def mean_per_sample(embeddings: np.ndarray, counts: list[int]) -> np.ndarray:
 
 
 def with_score(text: str | None, score: float) -> str:
+    return with_fields(text, {"clip_score": score})
+
+
+def with_fields(text: str | None, fields: dict) -> str:
     meta = sample_meta(text)
-    meta["clip_score"] = score
+    meta.update(fields)
     return json.dumps(meta, sort_keys=True, ensure_ascii=False)
+
+
+def encode_texts(encoder: Encoder, texts: list[str]) -> np.ndarray:
+    """Normalized text embeddings alone (an empty image batch goes along)."""
+    _, embeddings = encoder.encode(np.zeros((0, 1, 1, 3), np.uint8), texts)
+    return embeddings
 
 
 def top_fraction_decisions(live: pa.Table, fraction: float) -> Decisions:

@@ -12,6 +12,8 @@ import stages.clip_split  # noqa: F401
 import stages.decode_image  # noqa: F401
 import stages.download  # noqa: F401
 import stages.exact_dedupe  # noqa: F401
+import stages.language_filter  # noqa: F401
+import stages.metadata_filter  # noqa: F401
 import stages.near_dedupe  # noqa: F401
 import stages.semantic_dedupe  # noqa: F401
 import stages.video_frames  # noqa: F401

@@ -115,6 +115,12 @@ def test_decode_image_pixel_cap():
         ("one", "too_few_words"),
         ("w " * 9, "too_many_words"),
         ("  two words ", None),
+        ("猫", "too_few_words"),  # Chinese: characters / 1.5, at least 1
+        (" 一只橘猫趴在红色沙发上 ", None),  # 11 characters: 7 words
+        ("一只橘猫趴在红色沙发上，旁边有一只小狗", "too_many_words"),  # 18: 12
+        ("一只橘猫 on a sofa", None),  # mixed: 3 + 3
+        ("ねこ", "too_few_words"),  # Japanese (kana): 2 characters / 2.0 = 1 word
+        ("赤いソファの上の猫", None),  # 9 characters: 5 words
     ],
 )
 def test_caption_filter_reasons(caption, reason):
@@ -122,7 +128,7 @@ def test_caption_filter_reasons(caption, reason):
     out = stage(batch_of([jpeg()], [caption]))
     assert out[DROP] == [reason]
     if reason is None:
-        assert out["txt"] == ["two words"]
+        assert out["txt"] == [caption.strip()]
 
 
 def test_later_stages_skip_dropped_samples():

@@ -44,6 +44,8 @@ def load_open_clip(name: str, pretrained: str | None, device: str) -> tuple[Any,
 
     if name not in open_clip.list_models() and not name.startswith(("hf-hub:", "local-dir:")):
         raise ConfigError(f"unknown open_clip model {name!r}")
+    if name.startswith(("hf-hub:", "local-dir:")) and not looks_like_path(pretrained):
+        pretrained = None  # the folder or repo holds the weights; a tag means nothing there
     state = None
     if looks_like_path(pretrained):
         state = local_weights(pretrained)
@@ -121,14 +123,17 @@ class ClipModel:
         import torch
 
         with torch.inference_mode(), self.autocast():
-            batch = torch.from_numpy(pixels).to(self.device).permute(0, 3, 1, 2).float()
-            batch = (batch / 255.0 - self.mean) / self.std
-            image = torch.nn.functional.normalize(self.model.encode_image(batch).float(), dim=-1)
+            image = np.zeros((0, 0), np.float32)  # no pixels: texts alone (concept prompts)
+            if len(pixels):
+                batch = torch.from_numpy(pixels).to(self.device).permute(0, 3, 1, 2).float()
+                batch = (batch / 255.0 - self.mean) / self.std
+                encoded = self.model.encode_image(batch).float()
+                image = torch.nn.functional.normalize(encoded, dim=-1).cpu().numpy()
             text = None
             if texts is not None:
                 tokens = self.tokenizer(texts).to(self.device)
                 text = torch.nn.functional.normalize(self.model.encode_text(tokens).float(), dim=-1)
-        return image.cpu().numpy(), None if text is None else text.cpu().numpy()
+        return image, None if text is None else text.cpu().numpy()
 
     def autocast(self) -> Any:
         import contextlib

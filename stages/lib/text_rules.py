@@ -1,0 +1,141 @@
+"""Caption hygiene rules: alt-text that says nothing (placeholders, file names, URLs), captions
+that are mostly not letters, repeated-token spam, and a blocklist. Each rule returns its drop
+reason or None; `caption_filter` applies the ones a config turns on."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+
+from stages.lib.text_count import CJK, tokens
+
+# Whole captions that are a generic word (alt-text boilerplate), after casefolding and
+# stripping surrounding punctuation and a trailing number ("image 3", "untitled-1").
+PLACEHOLDER_PHRASES = frozenset(
+    [
+        "image",
+        "images",
+        "img",
+        "photo",
+        "photos",
+        "picture",
+        "pic",
+        "pics",
+        "untitled",
+        "untitled image",
+        "no title",
+        "title",
+        "default",
+        "thumbnail",
+        "thumb",
+        "null",
+        "none",
+        "n/a",
+        "na",
+        "nan",
+        "undefined",
+        "placeholder",
+        "screenshot",
+        "unknown",
+        "logo",
+        "icon",
+        "banner",
+        "file",
+        "attachment",
+        "download",
+        "click here",
+        "alt",
+        "alt text",
+        "caption",
+        "description",
+        "no description",
+        "image not found",
+        "photo not available",
+        "no image",
+        "no photo",
+        "image unavailable",
+        "图片",
+        "图像",
+        "照片",
+        "无标题",
+        "暂无图片",
+        "画像",
+        "写真",
+        "無題",
+        "이미지",
+        "사진",
+        "bild",
+        "foto",
+        "imagen",
+    ]
+)
+TRAILING_NUMBER = re.compile(r"[\s_#\-(]*\d+\)?$")
+# Camera and phone file stems: IMG_1234, DSC01234, DSCN0042, P1010023, PXL_20230101_120000,
+# IMG-20190101-WA0001, VID_..., Screenshot_2020-...
+CAMERA_STEM = re.compile(
+    r"^(?:img|dsc[nf]?|dcim|p|pxl|mvimg|vid|screenshot|scan|photo|image|pic)"
+    r"[_\-\s]?\d[\w\-]*$",
+    re.IGNORECASE,
+)
+FILE_EXT = (
+    "jpg|jpeg|png|gif|webp|bmp|tif|tiff|heic|heif|svg|avif|ico|raw|cr2|nef|psd|"
+    "mp4|mov|avi|mkv|webm|pdf|html?|php|aspx?"
+)
+FILENAME = re.compile(rf"^\S+\.(?:{FILE_EXT})(?:\?\S*)?$", re.IGNORECASE)
+URL = re.compile(
+    r"^(?:(?:https?|ftp)://\S+|www\.\S+|[\w\-]+(?:\.[\w\-]+)*\.[a-z]{2,}/\S*|"
+    r"[\w\-]+(?:\.[\w\-]+)*\.(?:com|net|org|io|co|de|cn|jp|uk|ru|info|biz)/?)$",
+    re.IGNORECASE,
+)
+EDGE_PUNCT = " \t\n\"'`.,:;!?()[]{}<>«»“”‘’「」『』【】。，：；！？"
+
+
+def normalized(caption: str) -> str:
+    return " ".join(caption.casefold().strip(EDGE_PUNCT).split())
+
+
+def placeholder_reason(caption: str) -> str | None:
+    """`url_caption`, `filename_caption` or `placeholder_caption` for alt-text that only
+    names the file or says "image"; None otherwise."""
+    text = caption.strip()
+    if URL.match(text):
+        return "url_caption"
+    if FILENAME.match(text):
+        return "filename_caption"
+    norm = normalized(text)
+    if norm in PLACEHOLDER_PHRASES or CAMERA_STEM.match(norm):
+        return "placeholder_caption"
+    if TRAILING_NUMBER.sub("", norm).strip(EDGE_PUNCT) in PLACEHOLDER_PHRASES:
+        return "placeholder_caption"
+    return None
+
+
+def letter_fraction(caption: str) -> float:
+    """Letters (any script: Latin, Han, kana, Hangul, Cyrillic, ...) among the caption's
+    non-space characters."""
+    chars = [ch for ch in caption if not ch.isspace()]
+    if not chars:
+        return 0.0
+    letters = sum(1 for ch in chars if unicodedata.category(ch).startswith(("L", "M")))
+    return letters / len(chars)
+
+
+def repeated_fraction(caption: str) -> float:
+    """Share of tokens (words; single characters for Chinese and Japanese) that repeat an
+    earlier one: "cat cat cat cat" 0.75, "the cat and the dog" 0.2."""
+    units = tokens(caption)
+    return 1.0 - len(set(units)) / len(units) if units else 0.0
+
+
+def blocklist_pattern(terms: Iterable[str]) -> re.Pattern[str] | None:
+    """One case-insensitive pattern: whole words for space-separated terms, substrings for
+    terms holding CJK characters (those scripts have no word boundaries); runs of whitespace
+    match as one space (the caption is matched the same way)."""
+    parts = []
+    for term in terms:
+        escaped = re.escape(" ".join(term.casefold().split()))
+        if not escaped:
+            continue
+        parts.append(escaped if CJK.search(term) else rf"(?<!\w){escaped}(?!\w)")
+    return re.compile("|".join(parts)) if parts else None
