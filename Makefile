@@ -30,7 +30,7 @@ demo: install
 
 test: install
 	$(BIN)/ruff check core pipeline stages trainer tests bench
-	$(BIN)/python -m pytest -x -q
+	$(BIN)/python -m pytest -x -q --durations=25
 
 lint: install
 	$(BIN)/ruff check core pipeline stages trainer tests bench

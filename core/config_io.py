@@ -6,6 +6,7 @@ validate the result with a pydantic model whose fields forbid unknown keys.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +25,18 @@ class Strict(BaseModel):
 
 class ConfigError(ValueError):
     """A configuration problem, reported to the user as one line."""
+
+
+def add_overrides(parser: argparse.ArgumentParser, example: str = "") -> None:
+    """The `--set KEY.PATH=VALUE` option every mmcurate command takes (repeatable)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value (repeatable)" + (f", e.g. --set {example}" * bool(example)),
+    )
 
 
 def parse_override(text: str) -> tuple[list[str | int], Any]:

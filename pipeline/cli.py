@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from core.config_io import ConfigError
+from core.config_io import ConfigError, add_overrides
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
@@ -19,14 +19,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build a dataset from a YAML config")
     build.add_argument("config")
-    build.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config value (repeatable)",
-    )
+    add_overrides(build)
     build.add_argument(
         "--overwrite",
         action="store_true",

@@ -20,6 +20,17 @@ from pipeline.objectstore import loopback_only_env
 os.environ.update(loopback_only_env())
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for a module's tests (small models: threads only contend here)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """One local 2-CPU Ray for the whole test session, quiet and without progress bars."""

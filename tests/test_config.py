@@ -37,7 +37,13 @@ def test_demo_config_loads_with_overrides():
     assert cfg.output.shard_max_samples == 7
     assert cfg.stages[0]["quality"] == 70
     names = [s["name"] for s in cfg.stages]
-    assert names == ["decode_image", "caption_filter", "exact_dedupe", "near_dedupe"]
+    assert names == [
+        "decode_image",
+        "caption_filter",
+        "language_filter",
+        "exact_dedupe",
+        "near_dedupe",
+    ]
 
 
 @pytest.mark.parametrize(

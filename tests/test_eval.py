@@ -26,13 +26,7 @@ from trainer.eval_data import EvalSource, Fields, ShardRead, make_loader, shard_
 from trainer.eval_tasks import pair_up
 from trainer.manifest import read_manifest
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared 2-CPU machine: oversubscription slows every test
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 
 
 # ---- refusals ------------------------------------------------------------------------------

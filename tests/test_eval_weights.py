@@ -28,12 +28,7 @@ from trainer.eval import main
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared 2-CPU machine: oversubscription slows every test
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 
 
 # ---- train checkpoints ---------------------------------------------------------------------

@@ -24,13 +24,7 @@ from trainer.config import HealthConfig, TrainConfig
 from trainer.health import FAULTS_ENV, LossWatch
 from trainer.train import train
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

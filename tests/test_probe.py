@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from pipeline.cli import main
@@ -18,13 +17,7 @@ from tests.test_loader import write_uneven_shards
 from trainer.config import ProbeConfig
 from trainer.sizing import recommend, step_time
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_probe_survives_an_out_of_memory_rung_and_recommends(tmp_path, capsys):

@@ -26,12 +26,7 @@ from trainer.train import train
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared 2-CPU machine: oversubscription slows every test
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")

@@ -43,14 +43,7 @@ SAMPLES_PER_PHOTO = 24
 SHARDS = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The main process gets one thread: the two loader workers use the machine's other CPU,
-    and oversubscribed OpenMP threads slow a 2-CPU machine down several-fold under load."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 
 
 def photo(name: str) -> Image.Image:

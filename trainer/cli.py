@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from core.config_io import ConfigError, one_line
+from core.config_io import ConfigError, add_overrides, one_line
 from trainer.config import load_train_config
 from trainer.manifest import ManifestError, read_manifest
 
@@ -15,14 +15,7 @@ from trainer.manifest import ManifestError, read_manifest
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mmcurate train", description="Train CLIP on shards.")
     parser.add_argument("config", help="train config YAML (see configs/train_clip.yaml)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config value (repeatable), e.g. --set run.max_steps=100",
-    )
+    add_overrides(parser, "run.max_steps=100")
     return parser.parse_args(argv)
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from core.config_io import ConfigError, Strict, describe_validation_error, load_yaml, validate
 from core.redaction import redact
@@ -40,6 +40,15 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
+def _checked_size(value: str | None) -> str | None:
+    if value is not None:
+        parse_size(value)
+    return value
+
+
+Size = Annotated[str | None, AfterValidator(_checked_size)]  # "10GB", "512MiB", or None
+
+
 class MixEntry(Strict):
     manifest: str  # another build's manifest.json
     weight: float = Field(1.0, gt=0)  # samples per epoch = weight x its samples
@@ -50,7 +59,7 @@ class DataConfig(Strict):
     weight: float = Field(1.0, gt=0)  # its samples per epoch = weight x its samples
     mix: list[MixEntry] = []  # further manifests trained on together with this one
     cache_dir: str | None = None  # local (NVMe) shard cache folder, shared on the node
-    cache_limit: str | None = None  # cache size cap such as "10GB" (default 100GB)
+    cache_limit: Size = None  # cache size cap such as "10GB" (default 100GB)
     batch_size: int = Field(32, gt=0)  # per rank and per micro-batch
     workers: int = Field(2, ge=0)  # DataLoader worker processes per rank
     # Threads each worker decodes its batch's images with: a worker whose turn it is can
@@ -62,13 +71,6 @@ class DataConfig(Strict):
     # Streamed shards (no cache_dir): check each shard's size and sha256 before using it (a
     # shard over 256 MiB spills to TMPDIR while checked); a mismatch skips it, as the cache does.
     verify_shards: bool = True
-
-    @field_validator("cache_limit")
-    @classmethod
-    def _check_size(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_size(value)
-        return value
 
     @property
     def cache_limit_bytes(self) -> int | None:
@@ -216,20 +218,13 @@ class ProbeConfig(Strict):
 
     batch_sizes: list[int] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # the ladder
     steps: int = Field(3, gt=0)  # timed steps per rung (after one warm-up step)
-    max_memory: str | None = None  # cap per rung such as "4GiB"; CPU: enforced (RLIMIT_AS)
+    max_memory: Size = None  # cap per rung such as "4GiB"; CPU: enforced (RLIMIT_AS)
     headroom: float = Field(0.1, ge=0, lt=1)  # share of memory the recommended batch leaves free
     loader_batches: int = Field(10, gt=0)  # batches timed per loader measurement
     loop_steps: int = Field(10, gt=0)  # real training steps timed for the data-wait share
     target_global_batch: int | None = Field(None, gt=0)  # e.g. 4096
     target_samples_per_s: float | None = Field(None, gt=0)  # training throughput to reach
     loader_margin: float = Field(0.2, ge=0)  # loader capacity above the GPUs' rate
-
-    @field_validator("max_memory")
-    @classmethod
-    def _check_size(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_size(value)
-        return value
 
     @property
     def max_memory_bytes(self) -> int | None:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from core.config_io import ConfigError, Strict, load_yaml, one_line, validate
+from core.config_io import ConfigError, Strict, add_overrides, load_yaml, one_line, validate
 from trainer.eval_data import ClassNames, EvalDataError, load_listing
 from trainer.manifest import ManifestError
 
@@ -122,14 +122,7 @@ def load_eval_config(path: str | Path, overrides: list[str] | None = None) -> Ev
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mmcurate eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", nargs="?", help="eval config YAML (see configs/eval.yaml)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config value (repeatable), e.g. --set model.pretrained=runs/x",
-    )
+    add_overrides(parser, "model.pretrained=runs/x")
     parser.add_argument("--out", help="write the results as one JSON document here")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.add_argument(

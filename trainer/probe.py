@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from core.config_io import ConfigError, one_line
+from core.config_io import ConfigError, add_overrides, one_line
 from trainer.config import TrainConfig, load_train_config
 from trainer.data import make_loader
 from trainer.distributed import Dist
@@ -202,14 +202,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="mmcurate probe", description="Measure batch sizes, memory and loader speed."
     )
     parser.add_argument("config", help="train config YAML (model, precision, data)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config value (repeatable)",
-    )
+    add_overrides(parser)
     parser.add_argument("--out", help="write the measurements and recommendation as JSON")
     parser.add_argument("--target-global-batch", type=int, help="probe.target_global_batch")
     parser.add_argument("--target-samples-per-s", type=float, help="probe.target_samples_per_s")
