@@ -6,7 +6,15 @@ the peak PSS of the process tree (driver + Ray), the planted pairs found (same g
 a 200k subset holding 2,000 planted pairs, recall against brute force (faiss binary flat index).
 
     .venv/bin/python bench/dedupe_scale.py [--sizes 1000000 4000000 10000000] [--radius 4]
-        [--mode auto|exact|lsh] [--no-subset]
+        [--mode auto|exact|lsh] [--no-subset] [--stage-defaults]
+
+`--stage-defaults` times the whole default `near_dedupe` decision instead (radius 4 pairs plus
+candidates within 8 by any of 3 hashes, verified on thumbnails) on synthetic signature rows:
+the same hashes, each with 2 random inset hashes (a planted copy shares its original's insets
+and thumbnail) and a random 32x32 thumbnail.
+
+The machine's load average (other users' work shares its cores) is printed before and after
+each size: a timing taken under load says so.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import platform
 import time
 
 import numpy as np
+import pyarrow as pa
 
 from pipeline.objectstore import loopback_only_env
 
@@ -31,6 +40,7 @@ from memwatch import PeakMemory, tree_pss  # noqa: E402
 from core.mapreduce import RayRunner  # noqa: E402
 from stages.lib.hamming import plan_tables  # noqa: E402
 from stages.near_dedupe import close_pairs, near_groups  # noqa: E402
+from stages.registry import build_stage  # noqa: E402
 
 
 def planted(n: int, radius: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -87,6 +97,7 @@ def subset_recall(radius: int, seed: int) -> dict:
 def run_size(n: int, radius: int, seed: int, mode: str) -> dict:
     hashes, originals, copies = planted(n, radius, seed)
     plan = plan_tables(n, radius, 0.99, mode)
+    load_before = round(os.getloadavg()[0], 2)
     with PeakMemory() as peak:
         started = time.perf_counter()
         labels = near_groups(hashes, plan, RayRunner())
@@ -94,6 +105,7 @@ def run_size(n: int, radius: int, seed: int, mode: str) -> dict:
     found = int(np.sum(labels[originals] == labels[copies]))
     return {
         "n": n,
+        "load_before_after": [load_before, round(os.getloadavg()[0], 2)],
         "plan": plan.describe(),
         "seconds": round(seconds, 1),
         "peak_pss_gib": round(peak.bytes / 2**30, 2),
@@ -104,6 +116,43 @@ def run_size(n: int, radius: int, seed: int, mode: str) -> dict:
     }
 
 
+def stage_defaults(n: int, seed: int) -> dict:
+    """The default near_dedupe's decide on n synthetic signature rows (see the module doc)."""
+    hashes, originals, copies = planted(n, 8, seed)
+    rng = np.random.default_rng(seed + 1)
+    crops = rng.integers(0, 2**64 - 1, size=(n, 2), dtype=np.uint64, endpoint=True)
+    thumbs = rng.integers(0, 256, size=(n, 1024), dtype=np.uint8)
+    crops[copies], thumbs[copies] = crops[originals], thumbs[originals]
+    table = pa.table(
+        {
+            "__key__": [f"k{i:09d}" for i in range(n)],
+            "__drop__": pa.nulls(n, pa.string()),
+            "phash": pa.array(hashes, pa.uint64()),
+            "phash_crops": pa.FixedSizeListArray.from_arrays(crops.reshape(-1), 2).cast(
+                pa.list_(pa.uint64())
+            ),
+            "thumb": pa.FixedSizeBinaryArray.from_buffers(
+                pa.binary(1024), n, [None, pa.py_buffer(thumbs)]
+            ).cast(pa.binary()),
+        }
+    )
+    del thumbs
+    load_before = round(os.getloadavg()[0], 2)
+    with PeakMemory() as peak:
+        started = time.perf_counter()
+        decided = build_stage({"name": "near_dedupe"}).decide(table, RayRunner())
+        seconds = time.perf_counter() - started
+    return {
+        "n": n,
+        "stage": "near_dedupe defaults",
+        "load_before_after": [load_before, round(os.getloadavg()[0], 2)],
+        "seconds": round(seconds, 1),
+        "peak_pss_gib": round(peak.bytes / 2**30, 2),
+        "dropped": len(decided),
+        "planted": len(copies),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 10_000_000])
@@ -111,13 +160,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mode", default="auto", choices=["auto", "exact", "lsh"])
     parser.add_argument("--no-subset", action="store_true", help="skip the brute-force check")
+    parser.add_argument("--stage-defaults", action="store_true", help="time the default stage")
     args = parser.parse_args()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False)
     print(json.dumps({"machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}))
     print(json.dumps({"idle_tree_pss_gib": round(tree_pss() / 2**30, 2)}))
-    results = [run_size(n, args.radius, args.seed, args.mode) for n in args.sizes]
-    for result in results:
-        print(json.dumps(result))
+    if args.stage_defaults:
+        for n in args.sizes:
+            print(json.dumps(stage_defaults(n, args.seed)), flush=True)
+        ray.shutdown()
+        return
+    results = []
+    for n in args.sizes:
+        results.append(run_size(n, args.radius, args.seed, args.mode))
+        print(json.dumps(results[-1]), flush=True)
     if len(results) > 1:
         ratio = results[-1]["seconds"] / results[0]["seconds"]
         print(json.dumps({"time_ratio_last_to_first": round(ratio, 2)}))

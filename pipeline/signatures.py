@@ -12,6 +12,7 @@ from pipeline.embeddings import EMBEDDING_COLUMNS
 from stages.base import DROP, DROP_STAGE, is_media_column
 
 NOT_SIGNATURE = {"txt", "json"}  # plus every media column (is_media_column)
+UNPUBLISHED = {"thumb"}  # near_dedupe's 32x32 thumbnails: phase B reads them, users need not
 
 
 def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -29,9 +30,13 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         "sha256": pa.string(),
         "url": pa.string(),
         "phash": pa.uint64(),
+        "phash_crops": pa.list_(pa.uint64()),
+        "thumb": pa.binary(),
         "width": pa.int64(),
         "height": pa.int64(),
         "clip_score": pa.float32(),
+        "language": pa.string(),
+        "language_confidence": pa.float32(),
         "embedding": pa.list_(pa.float16()),
         "text_embedding": pa.list_(pa.float16()),
     }
@@ -67,7 +72,9 @@ def write_signatures(output: str, signatures: pa.Table, storage_options: dict[st
     keep = [
         c
         for c in signatures.column_names
-        if (c in names or not c.startswith("__")) and c not in EMBEDDING_COLUMNS
+        if (c in names or not c.startswith("__"))
+        and c not in EMBEDDING_COLUMNS
+        and c not in UNPUBLISHED
     ]
     table = signatures.select(keep).rename_columns([names.get(c, c) for c in keep])
     url = join(output, "signatures", "part-000000.parquet")

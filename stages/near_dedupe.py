@@ -1,14 +1,22 @@
-"""near_dedupe: perceptual hash per sample, then one survivor per group of near-identical images.
+"""near_dedupe: one survivor per group of near-identical images (crops and light edits too).
 
-Per sample: a 64-bit pHash (or dHash) and the image size. Globally (phase B, signatures only):
-identical hashes collapse first, candidate pairs come from the tables `stages.lib.hamming`
-plans for the radius and target recall, each is verified by popcount, groups are the connected
-components of the verified pairs (union-find), and the keep policy of
-`stages.lib.dedupe_common` picks one item.
+Per sample (`process`): the 64-bit pHash (or dHash), the same hash of two inset windows
+(`phash_crops`: 1.5% and 3% cut from every side) and the 32x32 grey thumbnail (`thumb`),
+plus the image size. Globally (`decide`, signatures only):
 
-Memory: the driver holds the hash column (8 bytes a row) and the group labels; each reduce task
-holds about 256 MiB of routed (hash, id) entries, and the tables run in waves of at most
-`wave_bytes` of entries, so the object store never holds more than one wave.
+- sure pairs: pHashes within `radius` (what `radius` always meant); identical hashes are one
+  node;
+- candidate pairs: any of a pair's hashes (whole frame or inset) within `candidate_radius` of
+  the other's whole-frame hash; each joins only when verified: its thumbnails match after
+  alignment (`stages.lib.thumb_match`), and, when the signatures carry CLIP embeddings
+  (clip_score ran), their cosine is at least `min_cosine`;
+- groups without chaining (`star_keepers`): in keep order, an unclaimed item is kept and claims
+  the items paired with it, so every dropped item was paired with its keeper itself.
+
+Candidate search: the tables `stages.lib.hamming` plans for the radius and target recall,
+verified by popcount. Memory: the driver holds 3 hashes a row (24 bytes), the group labels and
+the thumbnails of candidate pairs; each reduce task holds about 256 MiB of routed (hash, id)
+entries, and the tables run in waves of at most `wave_bytes` of entries.
 """
 
 from __future__ import annotations
@@ -34,7 +42,13 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.lib.dedupe_common import Decisions, group_decisions, keepers, live_rows, priority_rank
+from stages.lib.dedupe_common import (
+    Decisions,
+    group_decisions,
+    live_rows,
+    priority_rank,
+    star_keepers,
+)
 from stages.lib.hamming import (
     TablePlan,
     map_block,
@@ -44,16 +58,24 @@ from stages.lib.hamming import (
     unique_inverse,
     unique_pairs,
 )
-from stages.lib.image_hash import image_hash
+from stages.lib.image_hash import image_signals
+from stages.lib.near_verify import candidate_entries, class_leaders, verify_pairs
 
 log = logging.getLogger("mmcurate.near_dedupe")
 ENTRY_BYTES = 16  # one routed (hash, id) pair
 REDUCE_BYTES = 256 << 20  # routed entries one reduce task holds
+SIGNAL_COLUMNS = ("phash", "phash_crops", "thumb", "width", "height")
 
 
 class NearDedupeOptions(StageOptions):
     hash: Literal["phash", "dhash"] = "phash"
     radius: int = Field(4, ge=0, le=16, description="largest Hamming distance called a duplicate")
+    candidate_radius: int = Field(
+        8, ge=0, le=16, description="largest distance (any hash) of a pair that is verified"
+    )
+    verify: Literal["auto", "thumbnail", "none"] = "auto"
+    max_mismatch: float = Field(0.4, gt=0, description="thumbnail mismatch a duplicate may have")
+    min_cosine: float = Field(0.9, ge=-1, le=1, description="embedding cosine (auto, if any)")
     recall: float = Field(0.99, gt=0, lt=1, description="target recall at the radius (lsh)")
     mode: Literal["auto", "exact", "lsh"] = "auto"
     seed: int = 0
@@ -68,9 +90,7 @@ class NearDedupe(Stage):
 
     def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
-        hashes: list[int | None] = [None] * size
-        widths: list[int | None] = [None] * size
-        heights: list[int | None] = [None] * size
+        columns: dict[str, list] = {c: [None] * size for c in SIGNAL_COLUMNS}
         reasons: list[str | None] = [None] * size
         for row in range(size):
             picture = picture_to_hash(batch, row)
@@ -78,28 +98,54 @@ class NearDedupe(Stage):
                 reasons[row] = "no_image"
                 continue
             try:
-                hashes[row], (w, h) = image_hash(picture, self.options.hash)
+                full, crops, thumb, decoded = image_signals(picture, self.options.hash)
             except (OSError, ValueError, Image.DecompressionBombError):
                 reasons[row] = "decode_error"
                 continue
-            widths[row], heights[row] = original_size(batch.get("json"), row, (w, h))
-        batch["phash"], batch["width"], batch["height"] = hashes, widths, heights
+            width, height = original_size(batch.get("json"), row, decoded)
+            for column, value in zip(
+                SIGNAL_COLUMNS, (full, crops, thumb, width, height), strict=True
+            ):
+                columns[column][row] = value
+        batch.update(columns)
         return batch, reasons
 
     def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
         live = live_rows(signatures, "phash")
         if live.num_rows < 2:
             return {}
-        hashes = live["phash"].to_numpy().astype(np.uint64)
-        plan = self.plan(len(hashes))
-        labels = near_groups(hashes, plan, runner or LocalRunner(), self.options.wave_bytes)
-        keeper = keepers(labels, priority_rank(live))
+        runner = runner or LocalRunner()
+        inverse, unique = unique_inverse(live["phash"].to_numpy().astype(np.uint64))
+        rank = priority_rank(live)
+        leader = class_leaders(inverse, rank, len(unique))  # best-ranked row of each hash
+        a, b = close_pairs(unique, self.plan(len(unique), self.options.radius), runner)
+        if self.options.verify != "none" and self.options.candidate_radius > 0:
+            found = self.verified_pairs(live, unique, leader, runner)
+            a, b = unique_pairs(np.concatenate([a, found[0]]), np.concatenate([b, found[1]]))
+        node_keeper = star_keepers(len(unique), a, b, rank[leader])
+        keeper = leader[node_keeper[inverse]]
         return group_decisions(live["__key__"].to_pylist(), keeper, "duplicate_near")
 
-    def plan(self, n: int) -> TablePlan:
+    def verified_pairs(
+        self, live: pa.Table, unique: np.ndarray, leader: np.ndarray, runner: Runner
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs of nodes beyond `radius` but within `candidate_radius` by any of their hashes,
+        kept when their leaders' thumbnails (and embeddings, if any) say they are one image."""
         opts = self.options
-        plan = plan_tables(n, opts.radius, opts.recall, opts.mode, opts.seed)
-        log.info("near_dedupe on %d hashes, radius %d: %s", n, opts.radius, plan.describe())
+        entries, owner = candidate_entries(live, unique, leader)
+        plan = self.plan(len(entries), opts.candidate_radius)
+        a, b = close_pairs(entries, plan, runner, opts.wave_bytes)
+        a, b = owner[a], owner[b]
+        beyond = (a != b) & (np.bitwise_count(unique[a] ^ unique[b]) > opts.radius)
+        a, b = unique_pairs(np.minimum(a, b)[beyond], np.maximum(a, b)[beyond])
+        keep = verify_pairs(live, leader[a], leader[b], opts.max_mismatch, opts.min_cosine)
+        log.info("near_dedupe: %d of %d candidate pairs verified", int(keep.sum()), len(a))
+        return a[keep], b[keep]
+
+    def plan(self, n: int, radius: int) -> TablePlan:
+        opts = self.options
+        plan = plan_tables(n, radius, opts.recall, opts.mode, opts.seed)
+        log.info("near_dedupe on %d hashes, radius %d: %s", n, radius, plan.describe())
         return plan
 
 

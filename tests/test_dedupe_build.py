@@ -60,6 +60,8 @@ def test_exact_then_near_across_tasks_and_rerun_identical(ray_session, tmp_path)
         "zz_coffee_png": ("duplicate_near", "m1_coffee"),
     }
     assert manifest["samples"] == 8
+    published = pq.read_table(tmp_path / "out" / "signatures").column_names
+    assert "phash_crops" in published and "thumb" not in published  # thumbnails stay inside
     _, again = build(folder, tmp_path / "out", stages, overwrite=True)
     assert again == fate
 

@@ -64,3 +64,35 @@ def group_decisions(keys: list[str], keeper: np.ndarray, reason: str) -> Decisio
     """key -> (reason, kept key) for every row whose group keeps another row."""
     dropped = np.flatnonzero(keeper != np.arange(len(keeper)))
     return {keys[i]: (reason, keys[int(keeper[i])]) for i in dropped}
+
+
+def star_keepers(n: int, a: np.ndarray, b: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Keeper of each of n items under the pairs (a, b), without chaining: in keep order, an
+    item that no kept item has claimed is kept and claims its pairs' other items. So a dropped
+    item is always paired with its keeper itself (never only through a third item), and is
+    dropped for the best-ranked kept item it is paired with.
+
+    Vectorised in rounds: an item is decided once every better-ranked partner is; the best
+    undecided item always is, so each round decides at least one (in practice a handful of
+    rounds: the length of the longest chain of pairs in keep order)."""
+    better = np.where(rank[a] < rank[b], a, b)
+    worse = np.where(rank[a] < rank[b], b, a)
+    order = np.lexsort((rank[better], worse))  # per worse item, partners best first
+    better, worse = better[order], worse[order]
+    keeper = np.full(n, -1, np.int64)  # -1: undecided; i: kept; else: the keeper
+    top = np.setdiff1d(np.arange(n), worse)  # paired with nobody better: kept
+    keeper[top] = top
+    while True:
+        open_edges = keeper[worse] == -1
+        if not open_edges.any():
+            return keeper
+        pending = np.zeros(n, bool)
+        pending[worse[open_edges & (keeper[better] == -1)]] = True
+        ready = open_edges & ~pending[worse]  # every better partner decided
+        kept_partner = ready & (keeper[better] == better)
+        first = np.unique(worse[kept_partner], return_index=True)[1]
+        claimed = worse[kept_partner][first]
+        keeper[claimed] = better[kept_partner][first]  # sorted: the best kept partner
+        free = np.unique(worse[ready])
+        free = free[keeper[free] == -1]  # ready and claimed by nobody: kept
+        keeper[free] = free
