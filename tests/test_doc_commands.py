@@ -83,6 +83,7 @@ INTERNET = (
     "downloads images from the internet; `recipe_inputs` runs it on a loopback server, with the"
     " one --set the private-address guard needs for that (stages.0.allow_private_addresses)"
 )
+CLUSTER = "starts (or uses, or stops) a Ray cluster on AWS: an account, nodes, money"
 ELSEWHERE = {
     "make test": "what CI runs (.ci/run); from a test it would run the suite inside itself",
     ".venv/bin/mmcurate demo --out demo-output": "what `make demo` runs, as written; run above",
@@ -94,8 +95,22 @@ ELSEWHERE = {
     "--set "
     "run.checkpoint_every=1000 --set run.precision=bf16": "8 GPUs; tests/test_loader.py runs"
     " torchrun with 2 CPU ranks",
+    ".venv/bin/mmcurate probe configs/train_clip.yaml --set model.name=ViT-B-32 --set "
+    "run.precision=bf16 --target-global-batch 4096 --out probe.json": "ViT-B-32's ladder on a"
+    " GPU (bench/gpu_check.sh probe); tests/test_probe.py runs mmcurate probe on mmcurate-tiny",
     "export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...": "placeholders for your keys",
     "export GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json": "a placeholder for your key file",
+    # docs/scale.md: a Ray cluster on AWS (tests/test_cluster_yaml.py checks configs/cluster.yaml
+    # against Ray's own schema and the build config's resources against its node types)
+    "ray up -y configs/cluster.yaml": CLUSTER,
+    "ray rsync-down configs/cluster.yaml '~/.ray/auth_token' ~/.ray/auth_token": CLUSTER,
+    "ray dashboard configs/cluster.yaml": CLUSTER,
+    "RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 --working-dir . -- "
+    "python -m pipeline build configs/laion_cluster.yaml --set "
+    "'source.path=s3://bucket/laion400m-meta/part-00000-*.parquet' --set "
+    "output.path=s3://bucket/laion400m-256/part-00000": CLUSTER
+    + "; tests/test_ray_job.py submits a build to a local Ray head",
+    "ray down -y configs/cluster.yaml": CLUSTER,
 }
 
 
