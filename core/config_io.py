@@ -27,6 +27,20 @@ class ConfigError(ValueError):
     """A configuration problem, reported to the user as one line."""
 
 
+RAY_BUILTIN_RESOURCES = {"cpu", "gpu", "memory", "object_store_memory"}
+
+
+def checked_resources(resources: dict[str, float]) -> dict[str, float]:
+    """Custom Ray resources as Ray accepts them: named (CPU and GPU have their own options),
+    each amount at least 0.0001 (Ray's resolution)."""
+    for name, amount in resources.items():
+        if name.lower() in RAY_BUILTIN_RESOURCES:
+            raise ValueError(f"{name!r} is not a custom resource (use num_cpus / num_gpus)")
+        if not amount >= 1e-4:
+            raise ValueError(f"{name}: needs an amount of at least 0.0001, not {amount}")
+    return resources
+
+
 def add_overrides(parser: argparse.ArgumentParser, example: str = "") -> None:
     """The `--set KEY.PATH=VALUE` option every mmcurate command takes (repeatable)."""
     parser.add_argument(

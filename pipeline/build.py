@@ -35,7 +35,7 @@ from core.storage import (
 )
 from core.tario import write_tar
 from pipeline.actors import RemoteEncoder, start_pools, stop_pools
-from pipeline.config import BuildConfig, check_paths
+from pipeline.config import BuildConfig, check_paths, check_ray_resources
 from pipeline.embeddings import write_embeddings
 from pipeline.raysession import connect, run_tasks
 from pipeline.report import render_report
@@ -103,6 +103,7 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
 def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
     """Fail fast, before Ray starts: paths apart, models, storage reachable, source non-empty."""
     check_paths(cfg)
+    check_ray_resources(cfg)
     for stage in stages:
         stage.check()
     check_reachable(cfg.source.path, cfg.storage_options, "source.path")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from core.config_io import ConfigError, Strict, load_yaml, validate
+from core.config_io import ConfigError, Strict, checked_resources, load_yaml, validate
 from core.storage import absolute
 from stages.registry import validate_stage_list
 
@@ -89,7 +89,7 @@ class RayConfig(Strict):
     )
     num_cpus: int | None = Field(None, gt=0, description="CPUs for a local Ray (default: all).")
     batch_size: int = Field(64, gt=0, description="Samples per stage call inside a task.")
-    resources: dict[str, float] = Field(
+    resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
         default_factory=dict,
         description="Custom Ray resources each partition task asks for, e.g. {ingest: 1}.",
     )
@@ -115,6 +115,22 @@ class BuildConfig(Strict):
         if self.source.kind not in ("images", "webdataset", "urls", "videos"):
             raise ValueError(f"source.kind {self.source.kind!r} is not implemented yet")
         return self
+
+
+def check_ray_resources(cfg: BuildConfig) -> None:
+    """Custom resources exist only on a cluster that declares them: a local Ray (no ray.address,
+    no RAY_ADDRESS) would leave tasks asking for one waiting forever."""
+    if cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+        return
+    wanted = set(cfg.ray.resources)
+    for stage in cfg.stages:
+        resources = stage.get("resources")
+        wanted |= set(resources) if isinstance(resources, dict) else set()
+    if wanted:
+        raise ConfigError(
+            f"ray.resources: {', '.join(sorted(wanted))} asked for, but a local Ray has no "
+            "custom resources; set ray.address (or RAY_ADDRESS) to a cluster that declares them"
+        )
 
 
 def check_paths(cfg: BuildConfig) -> None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pyarrow as pa
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from core.config_io import Strict
+from core.config_io import Strict, checked_resources
 from core.formats import (  # noqa: F401  (re-exported: the stage interface's column names)
     FRAME_COLUMN,
     IMAGE_COLUMNS,
@@ -104,7 +104,7 @@ class ModelOptions(StageOptions):
     concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    resources: dict[str, float] = Field(
+    resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
         default_factory=dict, description="custom Ray resources per actor, e.g. {scoring: 1}"
     )
 

@@ -65,22 +65,24 @@ class MetadataFilterOptions(StageOptions):
 
 
 def as_number(value: Any) -> float | None | str:
-    """A finite float; None when missing (None, NaN, empty); "non_numeric" otherwise."""
+    """A finite float; None when missing (None, NaN, empty); "non_numeric" otherwise
+    (infinities and integers too large for a float included)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     if isinstance(value, bool):
         return "non_numeric"
-    if isinstance(value, int | float):
-        return float(value)
     if isinstance(value, str):
         if not value.strip() or value.strip().lower() in {"nan", "null", "none"}:
             return None
-        try:
-            number = float(value)
-        except ValueError:
-            return "non_numeric"
-        return None if math.isnan(number) else number
-    return "non_numeric"
+    elif not isinstance(value, int | float):
+        return "non_numeric"
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return "non_numeric"
+    if math.isnan(number):
+        return None
+    return number if math.isfinite(number) else "non_numeric"
 
 
 def condition_reason(value: Any, cond: Condition, missing: str) -> str | None:

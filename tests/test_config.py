@@ -97,6 +97,9 @@ def run_cli(*args, env=None, timeout=10):
         (["bogus.key=1"], "error: bogus: unknown key"),
         (["output.shard_max_samples=abc"], "error: output.shard_max_samples:"),
         (["source.path=/nonexistent/mmcurate-input"], "error: source.path: folder not found"),
+        (['ray.resources={"CPU": 1}'], "error: ray.resources: 'CPU' is not a custom"),
+        (['ray.resources={"ingest": -1}'], "error: ray.resources: ingest: needs"),
+        (['ray.resources={"ingest": 1}'], "error: ray.resources: ingest asked for, but a local"),
         (
             [
                 "output.path=s3://nobucket/out",

@@ -57,6 +57,7 @@ def test_laion_columns_from_a_parquet_source(tmp_path):
 
 def test_columns_strings_and_non_numeric_values():
     metas = [{"p": "0.05"}, {"p": "high"}, {"p": True}, {"p": [1]}, {"p": ""}, {}, {"p": 7}]
+    metas += [{"p": 10**400}, {"p": "-Infinity"}, {"p": "1e999"}]  # no float, or not finite
     n = len(metas)
     batch = {
         "__key__": [str(i) for i in range(n)],
@@ -73,6 +74,7 @@ def test_columns_strings_and_non_numeric_values():
         "missing_p",
         "missing_p",
         "metadata_p",
+        *["non_numeric_p"] * 3,
     ]
     # a column of the batch (clip_score, concept_*) wins over the json
     scored = {

@@ -15,6 +15,7 @@ import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
+from core.config_io import ConfigError
 from stages.registry import build_stage
 from tests.shapes import make_shapes, write_shards
 from tests.test_language import labelled
@@ -121,3 +122,19 @@ def test_train_and_score_with_the_local_tower(model_folder, tmp_path):
     )
     out = stage(batch_of([samples[0]["jpg"]], ["一只红色的圆"]))
     assert out["__drop__"] == [None] and np.isfinite(out["clip_score"][0])
+
+
+def test_a_hub_id_as_text_tower_is_refused_before_any_download(model_folder, tmp_path):
+    """Real open_clip configs name hub ids (`xlm-roberta-base`); with `local-dir:` that would
+    make transformers fetch from a hub, so it is a one-line config error instead."""
+    folder = tmp_path / "hub-named"
+    folder.mkdir()
+    config = json.loads((model_folder / "open_clip_config.json").read_text())
+    config["model_cfg"]["text_cfg"]["hf_model_name"] = "xlm-roberta-base"
+    (folder / "open_clip_config.json").write_text(json.dumps(config))
+    name = f"local-dir:{folder}"
+    stage = build_stage({"name": "clip_score", "model": name, "pretrained": None, "num_gpus": 0})
+    with pytest.raises(ConfigError, match="'xlm-roberta-base' is not a local folder"):
+        stage.check()
+    with pytest.raises(ConfigError, match="model.name: .*is not a local folder"):
+        resolve_weights(name, None)

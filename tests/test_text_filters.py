@@ -88,6 +88,19 @@ def test_placeholder_alt_text(caption, reason):
     assert reasons({}, [caption]) == [None]  # off by default
 
 
+def test_placeholder_check_is_linear_on_long_digit_and_dot_runs():
+    """Adversarial alt-text (the old trailing-number pattern took 31 s on 40,000 digits):
+    judged like any caption, by steps that stay linear; no time is asserted, the old
+    pattern would simply not finish this test in reasonable time."""
+    digits = "a cat on sofa " + "1" * 2000 + "x"
+    assert reasons({"placeholders": True}, [digits, "1" * 40_000 + "x", "a." * 50_000]) == [
+        None,
+        None,
+        None,
+    ]
+    assert reasons({"placeholders": True}, ["image " + "7" * 2000]) == ["placeholder_caption"]
+
+
 @pytest.mark.parametrize(
     "caption,reason",
     [

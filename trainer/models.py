@@ -25,6 +25,7 @@ import open_clip
 import torch
 
 from core.config_io import ConfigError
+from core.model_configs import check_local_dir
 from core.model_configs import register as register_model_configs
 from core.storage import absolute, filesystem, is_local
 from trainer.checkpoint import (
@@ -43,12 +44,22 @@ def known_model(name: str) -> bool:
     return name in open_clip.list_models() or name.startswith(("hf-hub:", "local-dir:"))
 
 
+def check_model_name(name: str) -> None:
+    """A model open_clip knows; a `local-dir:` folder whose text tower is local too (nothing is
+    fetched from a hub). Raises ConfigError on one line."""
+    if not known_model(name):
+        raise ConfigError(f"model.name: unknown open_clip model {name!r}")
+    try:
+        check_local_dir(name)
+    except ValueError as err:
+        raise ConfigError(f"model.name: {err}") from None
+
+
 def build_model(
     cfg: ModelConfig, device: torch.device
 ) -> tuple[torch.nn.Module, Callable[[Any], torch.Tensor], Callable[..., torch.Tensor]]:
     """Model on `device` in fp32, the training image transform, and the text tokenizer."""
-    if not known_model(cfg.name):
-        raise ConfigError(f"model.name: unknown open_clip model {cfg.name!r}")
+    check_model_name(cfg.name)
     extra = {}
     if cfg.loss == "siglip":  # SigLIP's learned bias and temperature, at the paper's init
         extra = {"init_logit_bias": -10.0, "init_logit_scale": math.log(10)}
@@ -73,8 +84,7 @@ def resolve_weights(
 ) -> Weights:
     """Check `model.pretrained` without loading anything: a file, a run folder (its newest
     checkpoint), or a tag open_clip knows for `name`. Raises ConfigError on one line."""
-    if not known_model(name):
-        raise ConfigError(f"model.name: unknown open_clip model {name!r}")
+    check_model_name(name)
     if pretrained is None:
         return Weights("none")
     fs, path = filesystem(pretrained, storage_options)

@@ -38,12 +38,16 @@ def load_open_clip(name: str, pretrained: str | None, device: str) -> tuple[Any,
     import open_clip
     import torch
 
-    from core.model_configs import register
+    from core.model_configs import check_local_dir, register
 
     register()  # mmcurate-tiny
 
     if name not in open_clip.list_models() and not name.startswith(("hf-hub:", "local-dir:")):
         raise ConfigError(f"unknown open_clip model {name!r}")
+    try:
+        check_local_dir(name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if name.startswith(("hf-hub:", "local-dir:")) and not looks_like_path(pretrained):
         pretrained = None  # the folder or repo holds the weights; a tag means nothing there
     state = None

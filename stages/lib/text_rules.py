@@ -70,7 +70,8 @@ PLACEHOLDER_PHRASES = frozenset(
         "imagen",
     ]
 )
-TRAILING_NUMBER = re.compile(r"[\s_#\-(]*\d+\)?$")
+MAX_PLACEHOLDER_CHARS = 2048  # longer alt-text is no placeholder, file name or URL (and the
+# patterns below would cost quadratic time on a long run of digits or dots)
 # Camera and phone file stems: IMG_1234, DSC01234, DSCN0042, P1010023, PXL_20230101_120000,
 # IMG-20190101-WA0001, VID_..., Screenshot_2020-...
 CAMERA_STEM = re.compile(
@@ -95,10 +96,26 @@ def normalized(caption: str) -> str:
     return " ".join(caption.casefold().strip(EDGE_PUNCT).split())
 
 
+def without_trailing_number(text: str) -> str:
+    """`text` without a trailing number and the separators before it ("image (3)" -> "image",
+    "photo_0042" -> "photo"); unchanged when it does not end in digits. Linear time."""
+    body = text[:-1] if text.endswith(")") else text
+    end = len(body)
+    while end and body[end - 1].isdecimal():
+        end -= 1
+    if end == len(body):
+        return text
+    while end and (body[end - 1].isspace() or body[end - 1] in "_#-("):
+        end -= 1
+    return body[:end]
+
+
 def placeholder_reason(caption: str) -> str | None:
     """`url_caption`, `filename_caption` or `placeholder_caption` for alt-text that only
     names the file or says "image"; None otherwise."""
     text = caption.strip()
+    if len(text) > MAX_PLACEHOLDER_CHARS:
+        return None
     if URL.match(text):
         return "url_caption"
     if FILENAME.match(text):
@@ -106,7 +123,7 @@ def placeholder_reason(caption: str) -> str | None:
     norm = normalized(text)
     if norm in PLACEHOLDER_PHRASES or CAMERA_STEM.match(norm):
         return "placeholder_caption"
-    if TRAILING_NUMBER.sub("", norm).strip(EDGE_PUNCT) in PLACEHOLDER_PHRASES:
+    if without_trailing_number(norm).strip(EDGE_PUNCT) in PLACEHOLDER_PHRASES:
         return "placeholder_caption"
     return None
 
