@@ -70,8 +70,10 @@ def parse_manifest(url: str, doc: Any) -> Manifest:
             for s in doc["shards"]
         )
         samples = int(doc["samples"])
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError) as err:  # Overflow: Infinity
         raise ManifestError(f"{url}: malformed manifest ({type(err).__name__}: {err})") from None
+    if samples < 0 or any(s.samples < 0 or s.bytes < 0 for s in shards):
+        raise ManifestError(f"{url}: malformed manifest (a negative samples or bytes count)")
     if not shards:
         raise ManifestError(f"{url}: manifest lists no shards")
     return Manifest(url=url, samples=samples, shards=shards)

@@ -11,20 +11,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from core.config_io import ConfigError, validate
 from trainer.alerts import Alerts
 from trainer.config import TrainConfig
+from trainer.launch import loop_config, worker_config
 
 FIELDS = {"run", "step", "event", "message", "metrics", "time"}
 
 
 class Webhook:
     """A loopback HTTP server that records every POSTed JSON body; the first `fail`
-    requests get HTTP 500."""
+    requests get HTTP 500, the `garbage` ones after them an answer that is not HTTP."""
 
-    def __init__(self, fail: int = 0) -> None:
+    def __init__(self, fail: int = 0, garbage: int = 0) -> None:
         self.bodies: list[dict] = []
         self.requests = 0
-        self.fail = fail
+        self.fail, self.garbage = fail, garbage
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +35,10 @@ class Webhook:
                 hook.requests += 1
                 if hook.requests <= hook.fail:
                     self.send_response(500)
+                elif hook.requests <= hook.fail + hook.garbage:
+                    self.wfile.write(b"SPAM SPAM SPAM\r\n\r\n")  # no status line
+                    self.close_connection = True
+                    return
                 else:
                     hook.bodies.append(json.loads(body))
                     self.send_response(204)
@@ -113,3 +119,53 @@ def test_the_webhook_url_is_a_secret_in_recorded_configs(tmp_path):
         TrainConfig.model_validate(
             {"data": {"manifest": "m"}, "run": {"output": "x"}, "alerts": {"webhook": "ftp://x"}}
         )
+
+
+def test_an_answer_that_is_not_http_fails_one_event_and_later_ones_arrive(caplog):
+    """http.client's BadStatusLine is no OSError: it must not end the sender's thread. The
+    warning names the error's type, never the URL (its path is a credential)."""
+    server = Webhook(garbage=1)
+    try:
+        alerts = Alerts(server.url, "run-d", timeout_s=2, retries=0)
+        alerts.send("spike", 3, "spike")  # answered with garbage: dropped
+        alerts.send("restore", 3, "restored")  # delivered
+        alerts.send("run_end", 9, "finished")  # delivered
+        alerts.close()
+        assert server.requests == 3 and server.events() == ["restore", "run_end"]
+        assert alerts.sent == 2 and alerts.failed == 1
+    finally:
+        server.stop()
+    assert "spike event not delivered: BadStatusLine" in caplog.text
+    assert "secret-token" not in caplog.text and "127.0.0.1" not in caplog.text
+
+
+SECRET_HOOK = "https://hooks.example.com/services/T0/B0/secret-token"
+
+
+@pytest.mark.parametrize(
+    "webhook", [SECRET_HOOK.replace("B0/", "B0 /"), SECRET_HOOK + "\n", "ftp://x/secret-token"]
+)
+def test_a_bad_webhook_fails_config_with_one_line_without_the_url(webhook):
+    tree = {"data": {"manifest": "m"}, "run": {"output": "x"}, "alerts": {"webhook": webhook}}
+    with pytest.raises(ConfigError) as err:
+        validate(TrainConfig, tree)
+    assert str(err.value) == "alerts.webhook: not an http(s) URL"
+
+
+def test_ray_trains_loop_config_holds_no_secret_and_the_worker_gets_them_back(tmp_path):
+    """launch.mode ray: Ray Train records train_loop_config, so the webhook URL and the
+    storage options reach the workers through the worker function instead."""
+    options = {"key": "access-key", "secret": "secret-key"}
+    cfg = TrainConfig.model_validate(
+        {
+            "data": {"manifest": "m.json"},
+            "run": {"output": str(tmp_path)},
+            "alerts": {"webhook": SECRET_HOOK, "run_name": "r"},
+            "storage_options": options,
+        }
+    )
+    recorded = loop_config(cfg)
+    assert "secret-token" not in json.dumps(recorded) and "secret-key" not in json.dumps(recorded)
+    assert recorded["cfg"]["alerts"]["run_name"] == "r"
+    rebuilt = worker_config(recorded, options, SECRET_HOOK)
+    assert rebuilt == cfg

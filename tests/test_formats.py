@@ -37,8 +37,15 @@ def test_manifest_round_trip() -> None:
         {"format": MANIFEST_FORMAT, "samples": "x", "shards": ENTRIES},
         {"format": MANIFEST_FORMAT, "samples": 1, "shards": [{"name": "../x.tar"}]},
         {"format": MANIFEST_FORMAT, "samples": 1, "shards": [{**ENTRIES[0], "name": "/etc/x"}]},
+        {"format": MANIFEST_FORMAT, "samples": float("inf"), "shards": ENTRIES},  # Infinity
+        {"format": MANIFEST_FORMAT, "samples": 1, "shards": [{**ENTRIES[0], "bytes": 1e400}]},
+        {"format": MANIFEST_FORMAT, "samples": float("nan"), "shards": ENTRIES},
+        {"format": MANIFEST_FORMAT, "samples": -5, "shards": ENTRIES},
+        {"format": MANIFEST_FORMAT, "samples": 5, "shards": [{**ENTRIES[0], "samples": -3}]},
+        {"format": MANIFEST_FORMAT, "samples": 5, "shards": [{**ENTRIES[0], "bytes": -1}]},
     ],
 )
 def test_bad_manifests_are_one_error(doc: object) -> None:
+    """Each is a ManifestError (one line), never another exception (OverflowError: Infinity)."""
     with pytest.raises(ManifestError):
         parse_manifest("out/manifest.json", doc)

@@ -16,9 +16,10 @@ import pytest
 import torch
 import yaml
 
+from core.config_io import ConfigError, validate
 from tests.test_alerts import FIELDS, Webhook
 from tests.test_loader import REPO, logged_steps, printed_summaries, write_uneven_shards
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint
 from trainer.cli import main
 from trainer.config import HealthConfig, TrainConfig
 from trainer.health import FAULTS_ENV, LossWatch
@@ -53,6 +54,16 @@ def weights(output: Path, step: int) -> dict[str, torch.Tensor]:
     return load_checkpoint(str(output / "checkpoints" / f"step-{step}.pt"))["model"]
 
 
+def adam_steps(output: Path, step: int) -> int:
+    """Updates the optimizer had applied when step `step`'s checkpoint was written."""
+    state = load_checkpoint(str(output / "checkpoints" / f"step-{step}.pt"))["optimizer"]["state"]
+    return int(next(iter(state.values()))["step"])
+
+
+def checkpoints(output: Path) -> list[str]:
+    return sorted((p.name for p in (output / "checkpoints").iterdir()), key=checkpoint_step)
+
+
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(a[name], b[name]) for name in a)
 
@@ -72,8 +83,10 @@ def test_a_nan_batch_is_skipped_and_counted(manifest, tmp_path, monkeypatch):
     summary = train(cfg)
     assert summary["steps"] == 5 and summary["skipped_steps"] == 1 and summary["restores"] == 0
     assert summary["stopped"] is None
-    assert same(weights(output, 2), weights(output, 3))  # step 3 left the weights alone
-    assert not same(weights(output, 3), weights(output, 4))
+    # no checkpoint during a skip streak; step 3 applied no update, steps 4 and 5 did
+    assert checkpoints(output) == ["step-1.pt", "step-2.pt", "step-4.pt", "step-5.pt"]
+    assert [adam_steps(output, step) for step in (2, 4, 5)] == [2, 3, 4]
+    assert not same(weights(output, 2), weights(output, 4))
     rows = metrics(output)
     assert [r["skipped_steps"] for r in rows] == [0, 0, 1, 1, 1]
     assert all(name in rows[-1] for name in ("grad_norm", "lr", "logit_scale", "restores"))
@@ -84,7 +97,7 @@ def test_a_nan_batch_is_skipped_and_counted(manifest, tmp_path, monkeypatch):
 def test_repeated_nans_restore_the_last_good_checkpoint_and_alert(
     manifest, tmp_path, monkeypatch, webhook
 ):
-    """NaN at steps 5 and 6 (health.max_skipped 2): the last good checkpoint is step-3 (step-6
+    """NaN at steps 5 and 6 (health.max_skipped 2): the last good checkpoint is step-3 (none
     is written during the streak), its weights come back and training goes on with new data;
     the webhook gets each event with the documented fields."""
     monkeypatch.setenv(FAULTS_ENV, json.dumps({"nan": [5, 6]}))
@@ -112,7 +125,9 @@ def test_repeated_nans_restore_the_last_good_checkpoint_and_alert(
 
 def test_a_loss_spike_restores_or_stops_as_configured(manifest, tmp_path, monkeypatch):
     """The loss x1000 at steps 6 and 7 (health.spike_steps 2): restored, the final checkpoint
-    (step 7) holds step 4's weights; stopped, the run ends at step 7 with exit code 1."""
+    (step 7) holds step 4's weights; stopped, the run ends at step 7 with exit code 1 and,
+    checkpointing every step, the newest checkpoint (a resume's) is step 5's, the last healthy
+    one: none is written during the spike streak."""
     monkeypatch.setenv(FAULTS_ENV, json.dumps({"spike": [6, 7], "factor": 1000}))
     restored = tmp_path / "restored"
     cfg = tree(manifest, restored, {"spike_steps": 2}, max_steps=7, checkpoint_every=4)
@@ -123,11 +138,12 @@ def test_a_loss_spike_restores_or_stops_as_configured(manifest, tmp_path, monkey
     stopped = tmp_path / "stopped"
     config = tmp_path / "stop.yaml"
     body = tree(manifest, stopped, {"spike_steps": 2, "action": "stop"}, max_steps=9)
-    config.write_text(yaml.safe_dump(body | {"run": body["run"] | {"checkpoint_every": 4}}))
+    config.write_text(yaml.safe_dump(body | {"run": body["run"] | {"checkpoint_every": 1}}))
     assert main([str(config)]) == 1  # a stopped run fails
     summary = json.loads((stopped / "summary.json").read_text())
     assert summary["steps"] == 7 and "loss" in summary["stopped"]
-    assert sorted(p.name for p in (stopped / "checkpoints").iterdir()) == ["step-4.pt"]
+    assert checkpoints(stopped) == [f"step-{step}.pt" for step in range(1, 6)]
+    assert latest_checkpoint(str(stopped)).endswith("step-5.pt")
 
 
 def test_the_spike_baseline_is_robust():
@@ -137,6 +153,16 @@ def test_the_spike_baseline_is_robust():
     assert watch.limit() is not None and watch.limit() < 8
     assert watch.observe(50.0) and watch.streak == 1
     assert not watch.observe(5.0) and watch.streak == 0
+
+
+def test_a_spike_warmup_longer_than_the_window_is_one_line():
+    """The window never holds more than spike_window losses: spikes would never be judged."""
+    base = {"data": {"manifest": "m"}, "run": {"output": "o"}}
+    with pytest.raises(ConfigError) as err:
+        validate(TrainConfig, base | {"health": {"spike_window": 10, "spike_warmup": 11}})
+    assert str(err.value).startswith("health: spike_warmup (11) exceeds spike_window (10)")
+    cfg = validate(TrainConfig, base | {"health": {"spike_window": 10, "spike_warmup": 10}})
+    assert cfg.health.spike_warmup == 10
 
 
 def run_torchrun(config: Path, faults: str) -> subprocess.CompletedProcess:
@@ -149,7 +175,8 @@ def run_torchrun(config: Path, faults: str) -> subprocess.CompletedProcess:
 
 def test_one_ranks_nan_skips_the_step_on_both_ranks(manifest, tmp_path):
     """torchrun, 2 CPU ranks (gloo): rank 1 alone gets a NaN batch at step 2. Both skip it:
-    rank 0 writes the checkpoints, and step 2's weights are step 1's."""
+    rank 0 writes the checkpoints (none at step 2, a skip streak), and step 2 applied no
+    update."""
     output = tmp_path / "run"
     config = tmp_path / "train.yaml"
     config.write_text(yaml.safe_dump(tree(manifest, output, max_steps=3, checkpoint_every=1)))
@@ -159,5 +186,6 @@ def test_one_ranks_nan_skips_the_step_on_both_ranks(manifest, tmp_path):
     summaries = printed_summaries(result.stdout)
     assert len(summaries) == 2 and {s["skipped_steps"] for s in summaries} == {1}
     assert {s["steps"] for s in summaries} == {3}
-    assert same(weights(output, 1), weights(output, 2))
-    assert not same(weights(output, 2), weights(output, 3))
+    assert checkpoints(output) == ["step-1.pt", "step-3.pt"]
+    assert adam_steps(output, 1) == 1 and adam_steps(output, 3) == 2
+    assert not same(weights(output, 1), weights(output, 3))

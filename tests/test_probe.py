@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.config_io import ConfigError, validate
 from pipeline.cli import main
 from tests.test_loader import write_uneven_shards
-from trainer.config import ProbeConfig
+from trainer.config import ProbeConfig, TrainConfig
 from trainer.sizing import recommend, step_time
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -57,6 +58,14 @@ def test_a_bad_probe_option_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["probe", str(config), "--max-memory", "lots"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: probe.max_memory") and "\n" not in err
+
+
+@pytest.mark.parametrize("ladder", [[], [0, -4], [8, 0]])
+def test_an_empty_or_non_positive_ladder_is_one_line(ladder):
+    tree = {"data": {"manifest": "m"}, "run": {"output": "o"}, "probe": {"batch_sizes": ladder}}
+    with pytest.raises(ConfigError) as err:
+        validate(TrainConfig, tree)
+    assert str(err.value).startswith("probe.batch_sizes") and "\n" not in str(err.value)
 
 
 def rung(batch: int, step_s: float, peak_gib: float) -> dict:

@@ -6,8 +6,9 @@ Each POST's body: `{"run", "step", "event", "message", "metrics", "time"}`; `eve
 `spike` (a loss spike that triggered health's action), `restore` (the last good checkpoint
 reloaded), `data_stall` (a log window's data_wait_frac above alerts.stall_frac), `run_end`
 (the run finished, stopped or failed; `metrics` holds its summary when it did not fail).
-Failed attempts are retried `retries` times with backoff (0.5 s, doubling); then the event is
-dropped with a warning.
+Failed attempts (any error: no answer, an HTTP error, an answer that is not HTTP) are retried
+`retries` times with backoff (0.5 s, doubling); then the event is dropped with a warning that
+names the error's type only (the URL, whose path is a credential, is never logged).
 """
 
 from __future__ import annotations
@@ -69,13 +70,16 @@ class Alerts:
         headers = {"Content-Type": "application/json", "User-Agent": "mmcurate-alerts"}
         delay = 0.5
         for attempt in range(self.retries + 1):
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
             try:
+                request = urllib.request.Request(self.url, data=data, headers=headers)
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
                     if answer.status < 300:
                         return True
-            except (urllib.error.URLError, OSError, ValueError) as err:
-                problem = err
+            except urllib.error.HTTPError as err:
+                problem = f"HTTP {err.code}"
+            except Exception as err:  # noqa: BLE001 (any failure: a bad answer, no answer)
+                # Its type only: messages can hold the URL, whose path is a credential.
+                problem = type(err).__name__
             else:
                 problem = f"HTTP {answer.status}"
             if attempt < self.retries:

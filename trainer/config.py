@@ -195,6 +195,28 @@ class HealthConfig(Strict):
     action: Literal["restore", "stop"] = "restore"  # restore: last good checkpoint, next data
     max_restores: int = Field(3, ge=0)  # restores in one run before it stops instead
 
+    @model_validator(mode="after")
+    def _warmup_within_window(self) -> HealthConfig:
+        # The window never holds more than spike_window losses: a larger warmup never ends.
+        if self.spike_warmup > self.spike_window:
+            raise ValueError(
+                f"spike_warmup ({self.spike_warmup}) exceeds spike_window "
+                f"({self.spike_window}): spikes would never be judged"
+            )
+        return self
+
+
+def is_http_url(value: str) -> bool:
+    """An http(s) URL with a host and no whitespace or control characters."""
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises ValueError for a port out of range)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a bad port or IPv6 host
+        return False
+
 
 class AlertsConfig(Strict):
     """JSON POSTs about the run's health (trainer/alerts.py); rank 0 sends them."""
@@ -208,15 +230,18 @@ class AlertsConfig(Strict):
     @field_validator("webhook")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"not an http(s) URL: {value!r}")
+        # The message never repeats the URL: its path is a credential (Slack's, ...).
+        if value is not None and not is_http_url(value):
+            raise ValueError("not an http(s) URL")
         return value
 
 
 class ProbeConfig(Strict):
     """`mmcurate probe` (trainer/probe.py): the batch-size ladder and the sizing targets."""
 
-    batch_sizes: list[int] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # the ladder
+    batch_sizes: list[Annotated[int, Field(gt=0)]] = Field(  # the ladder
+        [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], min_length=1
+    )
     steps: int = Field(3, gt=0)  # timed steps per rung (after one warm-up step)
     max_memory: Size = None  # cap per rung such as "4GiB"; CPU: enforced (RLIMIT_AS)
     headroom: float = Field(0.1, ge=0, lt=1)  # share of memory the recommended batch leaves free

@@ -17,13 +17,31 @@ from trainer.config import TrainConfig
 from trainer.outputs import is_remote
 
 
-def train_worker(config: dict[str, Any], storage_options: dict[str, Any]) -> None:
-    """One Ray Train worker: rank 0 writes `<run.output>/summary.json`. The storage options
-    (credentials) come apart from `config`: Ray Train keeps its loop config in its run
-    records, where secrets must never be."""
+def train_worker(
+    config: dict[str, Any], storage_options: dict[str, Any], webhook: str | None = None
+) -> None:
+    """One Ray Train worker: rank 0 writes `<run.output>/summary.json`. The secrets (storage
+    options, the alerts webhook URL) come apart from `config`: Ray Train keeps its loop config
+    in its run records, where secrets must never be."""
     from trainer.train import train
 
-    train(TrainConfig.model_validate(config["cfg"] | {"storage_options": storage_options}))
+    train(worker_config(config, storage_options, webhook))
+
+
+def loop_config(cfg: TrainConfig) -> dict[str, Any]:
+    """Ray Train's `train_loop_config`: the config without its secrets (storage_options and
+    alerts.webhook travel through the worker function's `partial` instead)."""
+    secrets: dict[str, Any] = {"storage_options": True, "alerts": {"webhook"}}
+    return {"cfg": cfg.model_dump(mode="json", exclude=secrets)}
+
+
+def worker_config(
+    config: dict[str, Any], storage_options: dict[str, Any], webhook: str | None
+) -> TrainConfig:
+    """A worker's config: `loop_config`'s with the secrets put back."""
+    tree = config["cfg"] | {"storage_options": storage_options}
+    tree["alerts"] = tree.get("alerts", {}) | {"webhook": webhook}
+    return TrainConfig.model_validate(tree)
 
 
 def launch_ray(cfg: TrainConfig) -> dict[str, Any]:
@@ -41,8 +59,8 @@ def launch_ray(cfg: TrainConfig) -> dict[str, Any]:
     resources = {"CPU": cfg.launch.cpus_per_worker} | ({"GPU": gpus} if gpus else {})
     storage, storage_filesystem = ray_storage(cfg)
     trainer = TorchTrainer(
-        partial(train_worker, storage_options=cfg.storage_options),
-        train_loop_config={"cfg": cfg.model_dump(mode="json", exclude={"storage_options"})},
+        partial(train_worker, storage_options=cfg.storage_options, webhook=cfg.alerts.webhook),
+        train_loop_config=loop_config(cfg),
         scaling_config=ScalingConfig(
             num_workers=cfg.launch.workers, use_gpu=bool(gpus), resources_per_worker=resources
         ),

@@ -169,8 +169,8 @@ class Trainer:
                 return
 
     def after_step(self, loss: torch.Tensor, group: list[Batch], lr: float) -> float:
-        """Count the step, log, evaluate and checkpoint as due; returns the seconds spent
-        evaluating."""
+        """Count the step, log, evaluate and checkpoint as due (a periodic checkpoint only
+        while healthy); returns the seconds spent evaluating."""
         state, run = self.state, self.cfg.run
         state.step += 1
         state.batches_in_epoch += len(group)
@@ -188,7 +188,10 @@ class Trainer:
         spent, metrics = self.evaluate_if_due()
         if metrics or state.step == 1 or state.step % run.log_every == 0:
             self.log(lr, metrics)
-        if run.checkpoint_every and state.step % run.checkpoint_every == 0:
+        due = run.checkpoint_every and state.step % run.checkpoint_every == 0
+        # Not during a skip or spike streak: the newest checkpoint must stay a good one (the
+        # one a restore reloads and, after health's stop, the one a resume starts from).
+        if due and self.guard.health.healthy:
             self.save()
         return spent
 
