@@ -3,7 +3,8 @@
 - parquet: only the row groups that hold the partition's rows, only the columns it uses: the
   footer, then exactly those column chunks.
 - plain csv / tsv / jsonl: the planning pass finds the byte offset where every partition's first
-  row starts (rows are non-blank lines); a partition reads the header and its own byte range and
+  row starts (rows are non-blank lines; for jsonl, whitespace-only lines are blank and every
+  line must be one `{...}`); a partition reads the header and its own byte range and
   parses them with the column types the whole-file read inferred, so every value converts as it
   did when each task read the whole file. A file whose rows are not one line each (quoted
   newlines) is planned for staging instead (pipeline/source_staging.py).
@@ -24,6 +25,8 @@ import pyarrow.parquet as pq
 
 BLOCK = 8 << 20  # bytes per read of the planning scan
 NEWLINE, CR = 10, 13
+OPEN, CLOSE = ord("{"), ord("}")
+SPACE = np.array([32, 9, CR], np.uint8)  # JSON whitespace within a line
 
 
 # ---- parquet: row groups ---------------------------------------------------------------------
@@ -64,10 +67,14 @@ def read_row_groups(
 
 @dataclass
 class LineScan:
-    """Where rows start in a text file: rows are non-blank lines (`\\n` or `\\r\\n` ended)."""
+    """Where rows start in a text file: rows are non-blank lines (`\\n` or `\\r\\n` ended).
+    jsonl: whitespace-only lines are blank too (pyarrow's json reader skips them), and
+    `one_per_line` says whether every non-blank line starts with `{` and ends with `}`
+    (then a line holds whole objects only, and equal line and object counts mean one each)."""
 
     every: int  # record the start of every `every`-th data row
     header: bool  # the first row is a csv header
+    json: bool = False  # jsonl: whitespace-only lines are blank; line shapes checked
     rows: int = 0  # rows seen, header included
     starts: list[int] = field(default_factory=list)  # data rows 0, every, 2*every, ...
     data_start: int | None = None  # where the first data row starts
@@ -75,6 +82,10 @@ class LineScan:
     previous: int = -1  # the byte before the current block
     carriage_returns: int = 0  # `\\r` and `\\r\\n` seen: unequal means a lone `\\r` line end
     crlf: int = 0
+    line_content: bool = False  # jsonl: the line in progress has a non-whitespace byte
+    last_token: int = -1  # jsonl: the last non-whitespace byte before this block
+    broken: bool = True  # jsonl: a line ended since then (or the file starts)
+    one_per_line: bool = True  # jsonl: every line so far is `{ ... }`
 
     @property
     def data_rows(self) -> int:
@@ -97,10 +108,42 @@ class LineScan:
         before = np.where(inside, data[np.clip(ends - 1 - offset, 0, None)], self.previous)
         lengths = ends - starts[: ends.size]
         blank = (lengths == 0) | ((lengths == 1) & (before == CR))
+        if self.json:
+            blank = self.json_blank(data, starts[: ends.size] - offset, ends - offset)
+            self.json_shape(data)
         self.take(starts[: ends.size][~blank])
         if ends.size:
             self.line_start = int(ends[-1]) + 1
         self.previous = int(data[-1])
+
+    def json_blank(self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """jsonl: which lines ending in this block (local offsets) hold only whitespace."""
+        content = ~np.isin(data, SPACE) & (data != NEWLINE)
+        seen = np.concatenate(([0], np.cumsum(content)))
+        has = seen[ends] - seen[np.clip(starts, 0, None)] > 0
+        if has.size:
+            has[0] |= self.line_content
+            self.line_content = bool(seen[-1] - seen[ends[-1] + 1] > 0)
+        else:
+            self.line_content |= bool(seen[-1] > 0)
+        return ~has
+
+    def json_shape(self, data: np.ndarray) -> None:
+        """jsonl: check that each line's first non-whitespace byte is `{`, its last `}`."""
+        seq = data[~np.isin(data, SPACE)]
+        newlines = np.cumsum(seq == NEWLINE)
+        where = np.flatnonzero(seq != NEWLINE)
+        if not where.size:
+            self.broken |= bool(seq.size)
+            return
+        tokens, counts = seq[where], newlines[where]
+        breaks = np.diff(np.concatenate(([0], counts))) > 0
+        breaks[0] |= self.broken
+        previous = np.concatenate(([self.last_token], tokens[:-1]))
+        bad = breaks & ((tokens != OPEN) | ((previous != CLOSE) & (previous >= 0)))
+        self.one_per_line &= not bool(bad.any())
+        self.last_token = int(tokens[-1])
+        self.broken = bool(counts[-1] < newlines[-1])
 
     def take(self, row_starts: np.ndarray) -> None:
         """Count rows starting at these offsets; note every `every`-th data row's start."""
@@ -114,13 +157,18 @@ class LineScan:
     def finish(self, size: int) -> None:
         """The last line, when the file does not end in a newline."""
         length = size - self.line_start
-        if length > 1 or (length == 1 and self.previous != CR):
+        last = (
+            self.line_content if self.json else length > 1 or (length == 1 and self.previous != CR)
+        )
+        if length > 0 and last:
             self.take(np.array([self.line_start], np.int64))
+        if self.json and self.last_token not in (-1, CLOSE):
+            self.one_per_line = False
 
 
-def scan_rows(fs: Any, path: str, every: int, header: bool) -> LineScan:
+def scan_rows(fs: Any, path: str, every: int, header: bool, json: bool = False) -> LineScan:
     """One pass over a plain text file: row count and every `every`-th row's start."""
-    scan = LineScan(every, header)
+    scan = LineScan(every, header, json)
     offset = 0
     with fs.open(path, "rb") as src:
         while block := src.read(BLOCK):

@@ -33,10 +33,13 @@ DONE = "done.json"
 WRITERS = 8  # concurrent writes of staged files
 
 
-def stage_folder(path: str, rows_per_part: int, columns: list[str] | None) -> str:
-    """The staged copy's folder under `_work/`: fixed by the file, the columns it keeps and the
-    partition size."""
-    digest = hashlib.sha256(json.dumps([path, columns]).encode()).hexdigest()[:16]
+def stage_folder(
+    path: str, rows_per_part: int, columns: list[str] | None, version: dict[str, Any]
+) -> str:
+    """The staged copy's folder under `_work/`: fixed by the file and its version (size, ETag or
+    mtime: a changed file gets a new copy), the columns it keeps and the partition size."""
+    key = [path, columns, version["file_size"], version["file_version"]]
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
     return f"{STAGE_FOLDER}/{digest}-{rows_per_part}"
 
 

@@ -11,9 +11,11 @@ copy under `_work/` for lists without random access: gzip, quoted newlines, huge
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import logging
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from core.config_io import ConfigError
+from core.config_io import ConfigError, one_line
 from core.storage import filesystem, protocol_of, with_protocol, with_retries
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
@@ -40,6 +42,9 @@ from stages.base import DROP, DROP_STAGE
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
 KEY_DIGITS = 9
 STAGE_RATIO = 2  # parquet row groups above this many partitions: staged (reads ~ r+1 vs ~3)
+# What backends report that changes with a file's content (s3fs, gcsfs, local, http, ...)
+VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated")
+UNREADABLE = (pa.ArrowException, EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError)
 log = logging.getLogger("mmcurate.sources")
 
 
@@ -99,25 +104,51 @@ def needed_columns(names: list[str], path: str, cfg: SourceConfig) -> list[str] 
     return [name for name in names if name in keep]
 
 
+def file_version(fs: Any, path: str) -> dict[str, Any]:
+    """The file's size and its ETag, else modification time (whatever the backend reports, as
+    a string): in every plan entry, so a changed list changes the build identity, and in the
+    staged copy's folder name, so a stale copy is never reused."""
+    info = fs.info(path)
+    tag = next((str(info[k]) for k in VERSION_KEYS if info.get(k) not in (None, "")), "")
+    return {"file_size": int(info["size"]), "file_version": tag}
+
+
 def plan_file(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[int, int], dict]]:
     """(rows, how partition (start, count) of this file is read): its row groups (parquet),
     its byte range (plain text, rows one line each), else a staged copy (pipeline/source_staging)
-    and, until it exists, the whole file."""
+    and, until it exists, the whole file. An unreadable list: a ConfigError naming it."""
+    fmt = file_format(path)
+    try:
+        version = file_version(fs, path)
+        if fmt == "parquet" and not path.endswith(".gz"):
+            rows, how = plan_parquet(fs, path, cfg, version)
+        else:
+            rows, how = plan_text(fs, path, cfg, version)
+    except UNREADABLE as err:
+        reason = one_line(err)
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+        raise ConfigError(f"source.path: {path}: not a readable {fmt} list ({reason})") from None
+    return rows, lambda start, count: version | how(start, count)
+
+
+def plan_text(
+    fs: Any, path: str, cfg: SourceConfig, version: dict[str, Any]
+) -> tuple[int, Callable[[int, int], dict]]:
+    """csv / tsv / jsonl, gzipped or not: byte ranges where rows are one line each, else staged."""
     fmt, every = file_format(path), cfg.files_per_task
-    if fmt == "parquet" and not path.endswith(".gz"):
-        return plan_parquet(fs, path, cfg)
     table = read_table(fs, path, (cfg.url_column, cfg.caption_column))  # the schema, as today
     columns = needed_columns(table.column_names, path, cfg)
     common = {"format": fmt, "columns": columns}
-    staged = {**common, "read": "whole", "stage": stage_folder(path, every, columns)}
-    staged["stage_rows"] = every
+    folder = stage_folder(path, every, columns, version)
+    staged = {**common, "read": "whole", "stage": folder, "stage_rows": every}
     if path.endswith(".gz"):
         return table.num_rows, lambda start, count: staged | {"stage_index": start // every}
-    scan = scan_rows(fs, path, every, header=fmt != "jsonl")
-    if scan.lone_cr or scan.data_rows != table.num_rows:
-        log.warning("source: %s: rows span lines (quoted newlines?): staged as parquet", path)
+    scan = scan_rows(fs, path, every, header=fmt != "jsonl", json=fmt == "jsonl")
+    if scan.lone_cr or scan.data_rows != table.num_rows or not scan.one_per_line:
+        why = "rows not one per line (quoted newlines? objects sharing a line?)"
+        log.warning("source: %s: %s: staged as parquet", path, why)
         return table.num_rows, lambda start, count: staged | {"stage_index": start // every}
-    size = fs.size(path)
+    size = version["file_size"]
     ends = [*scan.starts[1:], size]
     common |= {"read": "bytes", "schema": pack_schema(table.schema)}
     common["header"] = scan.data_start if fmt != "jsonl" else 0
@@ -129,7 +160,9 @@ def plan_file(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[int
     return table.num_rows, byte_range
 
 
-def plan_parquet(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[int, int], dict]]:
+def plan_parquet(
+    fs: Any, path: str, cfg: SourceConfig, version: dict[str, Any]
+) -> tuple[int, Callable[[int, int], dict]]:
     every = cfg.files_per_task
     with fs.open(path, "rb") as src:
         meta = pq.ParquetFile(src)
@@ -139,9 +172,9 @@ def plan_parquet(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[
     largest = max((b - a for a, b in zip(starts, starts[1:], strict=False)), default=0)
     common = {"format": "parquet", "columns": columns, "read": "row_groups"}
     common["footer"] = info.serialized_size + 8  # the footer and its length and magic
-    common["size"] = fs.size(path)
+    common["size"] = version["file_size"]
     if largest > STAGE_RATIO * every:  # a partition would read far more than its rows
-        common |= {"stage": stage_folder(path, every, columns), "stage_rows": every}
+        common |= {"stage": stage_folder(path, every, columns, version), "stage_rows": every}
 
     def row_groups(start: int, count: int) -> dict:
         groups, skip = groups_for(starts, start, count)

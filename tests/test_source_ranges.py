@@ -16,7 +16,7 @@ import pytest
 
 from core.config_io import ConfigError
 from pipeline.config import SourceConfig
-from pipeline.source_ranges import groups_for, scan_rows
+from pipeline.source_ranges import LineScan, groups_for, scan_rows
 from pipeline.source_staging import stage_sources
 from pipeline.source_synth import laion_like_table, write_csv_list, write_parquet_list
 from pipeline.source_urls import plan_urls, read_urls, url_sample
@@ -215,6 +215,7 @@ def test_on_s3_partitions_read_their_rows_and_staging_writes_there(laion, s3, s3
             kind="urls", path=f"s3://{s3_bucket}/lists/{name}", files_per_task=256, **COLUMNS
         )
         parts = plan_urls(cfg, options)
+        assert parts[0]["file_version"] == fs.info(f"{s3_bucket}/lists/{name}")["ETag"]
         stage_sources(parts, f"s3://{s3_bucket}/out/_work", options)
         rows = []
         for part in parts:
@@ -224,3 +225,115 @@ def test_on_s3_partitions_read_their_rows_and_staging_writes_there(laion, s3, s3
         fmt = "parquet" if name.endswith(".parquet") else "csv"
         assert rows == reference_rows(str(tmp_path / name), fmt, 256), name
     assert fs.glob(f"{s3_bucket}/out/_work/source/*/done.json")  # the gzipped list, staged
+
+
+def small_list(path, captions: list[str]) -> None:
+    """A URL list of these captions in the format its name says (gzipped if `.gz`)."""
+    rows = [{"URL": f"http://127.0.0.1:9/{i}.jpg", "TEXT": c} for i, c in enumerate(captions)]
+    name = str(path).removesuffix(".gz")
+    if name.endswith(".parquet"):
+        write_parquet_list(pa.Table.from_pylist(rows), path, 1000)
+        return
+    if name.endswith(".jsonl"):
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    else:
+        data = ("URL,TEXT\n" + "".join(f"{r['URL']},{r['TEXT']}\n" for r in rows)).encode()
+    path.write_bytes(gzip.compress(data) if str(path).endswith(".gz") else data)
+
+
+@pytest.mark.parametrize("name", ["a.csv.gz", "a.csv", "a.jsonl", "a.parquet"])
+def test_a_changed_list_changes_the_plan_and_is_never_read_from_a_stale_copy(tmp_path, name):
+    """Size and ETag/mtime are in every plan entry (so the build identity changes: the build
+    refuses without --overwrite) and in the staged folder's name (gz: restaged, new rows)."""
+    path, work = tmp_path / name, tmp_path / "_work"
+    cfg = SourceConfig(kind="urls", path=str(path), files_per_task=2, **COLUMNS)
+    small_list(path, ["old1", "old2", "old3"])
+    before, old_parts = new_rows(cfg, work=work)
+    assert all({"file_size", "file_version"} <= set(p) for p in old_parts)
+    small_list(path, ["NEW1", "NEW2", "NEW3-longer"])
+    after, parts = new_rows(cfg, work=work)
+    assert [p["file_size"] for p in parts] != [p["file_size"] for p in old_parts]
+    assert [r[2] for r in before] == ["old1", "old2", "old3"]
+    assert [r[2] for r in after] == ["NEW1", "NEW2", "NEW3-longer"]
+    if name.endswith(".gz"):
+        assert parts[0]["stage"] != old_parts[0]["stage"]
+        assert all(p["staged_url"].startswith(str(work / parts[0]["stage"])) for p in parts)
+
+
+def test_jsonl_objects_sharing_a_line_are_staged_not_byte_planned(tmp_path):
+    """Two objects on one line, a whitespace-only line (blank, as pyarrow reads it) and an
+    object over two lines: line and object counts can agree, rows are not one per line."""
+    u = "http://127.0.0.1:9/x.jpg"
+    one = '{"URL":"%s","TEXT":"%s"}'
+    cases = {
+        "two.jsonl": f"{one % (u, 'a')} {one % (u, 'a2')}\n\n{one % (u, 'b')}\n  \n"
+        f"{one % (u, 'c')}\n",
+        "split.jsonl": f'{one % (u, "a")} {one % (u, "a2")}\n{{"URL":"{u}",\n"TEXT":"b"}}\n \t\n',
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        for every in (1, 2, 3):
+            cfg = SourceConfig(kind="urls", path=str(path), files_per_task=every, **COLUMNS)
+            for work in (None, tmp_path / f"_work{every}"):
+                rows, parts = new_rows(cfg, work=work)
+                assert rows == reference_rows(str(path), "jsonl", every), (name, every)
+                assert {p["read"] for p in parts} == {"whole"}
+    ws = tmp_path / "ws.jsonl"  # whitespace-only lines alone: still byte ranges
+    ws.write_text(f"{one % (u, 'a')}\n \t \n{one % (u, 'b')}\r\n\n{one % (u, 'c')}")
+    cfg = SourceConfig(kind="urls", path=str(ws), files_per_task=2, **COLUMNS)
+    rows, parts = new_rows(cfg)
+    assert {p["read"] for p in parts} == {"bytes"}
+    assert rows == reference_rows(str(ws), "jsonl", 2)
+
+
+def test_line_scan_gives_the_same_answer_whatever_the_blocks():
+    data = b'{"a":1}\n  \n\t{"a":2} \r\n\n{"a":3}{"a":4}\n {"a":\n5}\n \n{"a":6}'
+    for json_mode in (False, True):
+        whole = LineScan(2, header=False, json=json_mode)
+        whole.feed(data, 0)
+        whole.finish(len(data))
+        for size in (1, 2, 3, 5, 8):
+            scan = LineScan(2, header=False, json=json_mode)
+            for offset in range(0, len(data), size):
+                scan.feed(data[offset : offset + size], offset)
+            scan.finish(len(data))
+            assert (scan.rows, scan.starts, scan.one_per_line) == (
+                whole.rows,
+                whole.starts,
+                whole.one_per_line,
+            )
+    assert whole.rows == 6 and not whole.one_per_line  # jsonl: 6 non-blank lines, 2 odd
+    good = LineScan(1, header=False, json=True)
+    text = b'{"a":1}\n \n {"a":2} \n'
+    good.feed(text, 0)
+    good.finish(len(text))
+    assert (good.rows, good.starts, good.one_per_line) == (2, [0, 10], True)
+
+
+def truncated_parquet(path) -> None:
+    small_list(path, ["a", "b"])
+    path.write_bytes(path.read_bytes()[:-20])
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "reason"),
+    [
+        ("empty.parquet", lambda p: p.write_bytes(b""), "size is 0 bytes"),
+        ("cut.parquet", truncated_parquet, "magic bytes not found"),
+        ("empty.csv", lambda p: p.write_bytes(b""), "Empty CSV file"),
+        ("quote.csv", lambda p: p.write_text('URL,TEXT\nu,"x"y,z\n'), "Expected 2 columns"),
+        ("bad.jsonl", lambda p: p.write_text('{"URL":"u","TEXT":"a"}\n{oops\n'), "JSON parse"),
+        ("bad.csv.gz", lambda p: p.write_bytes(b"not gzip at all"), "gzip"),
+    ],
+)
+def test_unreadable_lists_are_one_line_config_errors(tmp_path, name, make, reason):
+    path = tmp_path / name
+    make(path)
+    fmt = name.removesuffix(".gz").rpartition(".")[2]
+    cfg = SourceConfig(kind="urls", path=str(path), files_per_task=2, **COLUMNS)
+    with pytest.raises(ConfigError) as err:
+        plan_urls(cfg, {})
+    message = str(err.value)
+    assert message.startswith(f"source.path: {path}: not a readable {fmt} list (")
+    assert reason in message and "\n" not in message
