@@ -154,9 +154,9 @@ def main() -> None:
         # hold 2: the measuring loop keeps one batch while it draws the next
         dataset.set_epoch(0, epochs=None)  # epoch after epoch, as the trainer reads them
         batches = make_loader(dataset, args.workers, hold=2 if ring else None)
-        if gpu_like and ring:  # uint8 views into the rings (the CUDA trainer does not use
-            return batches  # rings yet: it takes the DataLoader's pinned path, below)
-        if gpu_like:  # the CUDA trainer's path: a pin-memory thread copies each uint8 batch
+        if gpu_like and ring:  # uint8 views into the rings: the CUDA trainer's path since
+            return batches  # issue 23 (it copies them to the device on a side stream)
+        if gpu_like:  # the CUDA trainer's path before issue 23: a pin-memory thread
             return Restartable(lambda: in_background(batches))
         return DevicePrefetcher(batches, torch.device("cpu"), transform)
 
