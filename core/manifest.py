@@ -66,14 +66,23 @@ def parse_manifest(url: str, doc: Any) -> Manifest:
         raise ManifestError(f"{url}: expected format {MANIFEST_FORMAT!r}, found {found!r}")
     try:
         shards = tuple(
-            Shard(shard_url(url, s["name"]), int(s["samples"]), int(s["bytes"]), str(s["sha256"]))
-            for s in doc["shards"]
+            Shard(
+                shard_url(url, e["name"]), count(e["samples"]), count(e["bytes"]), str(e["sha256"])
+            )
+            for e in doc["shards"]
         )
-        samples = int(doc["samples"])
+        samples = count(doc["samples"])
     except (KeyError, TypeError, ValueError, OverflowError) as err:  # Overflow: Infinity
         raise ManifestError(f"{url}: malformed manifest ({type(err).__name__}: {err})") from None
-    if samples < 0 or any(s.samples < 0 or s.bytes < 0 for s in shards):
-        raise ManifestError(f"{url}: malformed manifest (a negative samples or bytes count)")
     if not shards:
         raise ManifestError(f"{url}: manifest lists no shards")
     return Manifest(url=url, samples=samples, shards=shards)
+
+
+def count(value: Any) -> int:
+    """A manifest count: a non-negative whole number (2.0 is 2; 1.5, -1, "3" or true are not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ValueError(f"not a whole number: {value!r}")
+    if value < 0:
+        raise ValueError(f"a negative count: {value!r}")
+    return int(value)

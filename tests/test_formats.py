@@ -43,6 +43,9 @@ def test_manifest_round_trip() -> None:
         {"format": MANIFEST_FORMAT, "samples": -5, "shards": ENTRIES},
         {"format": MANIFEST_FORMAT, "samples": 5, "shards": [{**ENTRIES[0], "samples": -3}]},
         {"format": MANIFEST_FORMAT, "samples": 5, "shards": [{**ENTRIES[0], "bytes": -1}]},
+        {"format": MANIFEST_FORMAT, "samples": 1.5, "shards": ENTRIES},  # not a whole number
+        {"format": MANIFEST_FORMAT, "samples": True, "shards": ENTRIES},
+        {"format": MANIFEST_FORMAT, "samples": 5, "shards": [{**ENTRIES[0], "samples": "3"}]},
     ],
 )
 def test_bad_manifests_are_one_error(doc: object) -> None:
