@@ -249,6 +249,9 @@ class LocalS3:
             # The 1 s pre-stop lets a master reroute writes; with one volume server it only
             # makes every stop a second slower.
             "-volume.preStopSeconds=0",
+            # Each bucket gets volumes of its own; the default cap is free disk / volume size,
+            # so on a fullish disk a session's later buckets failed with InternalError.
+            "-volume.max=10000",
         ]
 
     def restart(self) -> None:
