@@ -133,10 +133,12 @@ def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:
         with_retries(lambda: fs.pipe_file(path, data))
 
 
-def write_parquet(table: pa.Table, url: str, storage_options: dict[str, Any]) -> None:
+def write_parquet(
+    table: pa.Table, url: str, storage_options: dict[str, Any], row_group_size: int | None = None
+) -> None:
     """Write a table as one parquet object, atomically (signatures, metadata tables)."""
     buffer = io.BytesIO()
-    pq.write_table(table, buffer)
+    pq.write_table(table, buffer, row_group_size=row_group_size)
     fs, path = filesystem(url, storage_options)
     write_bytes_atomic(fs, path, buffer.getvalue())
 

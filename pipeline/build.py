@@ -2,9 +2,11 @@
 
 A. Per partition, in a Ray task: read, run the per-sample stages, write the live samples as a
    candidate tar, then one signature row per input sample (no media) as its completion mark.
-B. On the driver, on signatures only: global decisions (dedupe), then stats.
-C. Plan the final shards from the kept signatures and write each in a Ray task; then the
-   signatures parquet, stats.json, and manifest.json last (the commit marker).
+B. On signatures only, in tasks over groups of partitions (pipeline/decide.py): repeated keys,
+   then each global decision (dedupe, top fraction); the driver holds file lists and counts.
+C. Each group's kept rows and stats share (tasks), the shard plan streamed from their sizes
+   (pipeline/layout.py), each shard written in a Ray task; then per group the published
+   signatures and embeddings, stats.json, and manifest.json last (the commit marker).
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from core.config_io import ConfigError
 from core.manifest import manifest_document
-from core.mapreduce import RayRunner
+from core.mapreduce import LocalRunner, RayRunner, Runner
 from core.redaction import redact, redact_text
 from core.storage import (
     check_reachable,
@@ -36,7 +37,10 @@ from core.storage import (
 from core.tario import write_tar
 from pipeline.actors import RemoteEncoder, start_pools, stop_pools
 from pipeline.config import BuildConfig, check_paths, check_ray_resources
-from pipeline.embeddings import write_embeddings
+from pipeline.decide import decide
+from pipeline.groups import Groups, plan_groups, scan_partitions
+from pipeline.layout import kept_starts, kept_tables, plan_layout, spans_spec
+from pipeline.publish import Publication, publish
 from pipeline.raysession import connect, run_tasks
 from pipeline.report import render_report
 from pipeline.resume import (
@@ -50,7 +54,6 @@ from pipeline.resume import (
     drop_work,
     final_files,
     output_files,
-    read_signatures,
     record_files,
     shard_files,
     shard_marker,
@@ -60,17 +63,19 @@ from pipeline.shards import (
     candidate_name,
     metadata_name,
     plan_metadata_fields,
-    shard_specs,
     write_shard,
 )
-from pipeline.signatures import signature_table, with_string_columns, write_signatures
+from pipeline.signatures import signature_table
 from pipeline.source_staging import stage_sources
 from pipeline.sources import iter_chunks, plan_source, read_partition
-from pipeline.stats import build_stats, stage_seconds
-from stages.base import DROP, DROP_STAGE, Stage
+from pipeline.stats import build_stats, merge_counts, timing_columns
+from stages.base import DROP, Stage
 from stages.registry import build_stages, stage_order
 
 log = logging.getLogger("mmcurate.build")
+# Phases B and C run their tasks in this process up to this many signature rows: below it a
+# round of Ray tasks costs more than the work (the same code runs either way).
+IN_PROCESS_ROWS = 200_000
 
 
 def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
@@ -89,15 +94,17 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     work_url = join(cfg.output.path, WORK_DIR)
     # After the claim: staged copies of the source (gzip lists, huge row groups) are _work scratch.
     parts = stage_sources(parts, work_url, cfg.storage_options, partial(run_tasks, label="staging"))
-    signatures = timer.run("candidates", phase_a, cfg, stages, parts, work_url, progress)
-    signatures = timer.run("decide", phase_b, signatures, stages)
-    entries, shard_of = timer.run("shards", phase_c, cfg, signatures, work_url, progress)
-    signatures = with_string_columns(
-        signatures, {"shard": [shard_of.get(k) for k in signatures["__key__"].to_pylist()]}
+    timer.run("candidates", phase_a, cfg, stages, parts, work_url, progress)
+    groups, schema = signature_groups(cfg, parts, work_url)
+    runner = LocalRunner() if sum(groups.rows) <= IN_PROCESS_ROWS else RayRunner()
+    final = timer.run("decide", decide, groups, stages, runner)
+    entries, layout = timer.run("shards", phase_c, cfg, groups, stages, final, runner, progress)
+    plan = Publication(
+        cfg.output.path, final, schema, layout["kept_starts"], layout["shard_starts"]
     )
-    stats = build_stats(signatures, stages, stage_seconds(signatures, stages))
-    stats["phases"] = timer.seconds
-    return timer.run("commit", commit, cfg, signatures, entries, stats, work_url, identity)
+    stats = build_stats(merge_counts(layout["counts"]), stages)
+    args = (cfg, groups, plan, stats, entries, timer, identity, runner)
+    return timer.run("commit", commit, *args)
 
 
 def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
@@ -119,8 +126,8 @@ def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
 
 def phase_a(
     cfg: BuildConfig, stages: list[Stage], parts: list[dict], work_url: str, progress: bool
-) -> pa.Table:
-    """Process the partitions not done by an earlier run; read every partition's signatures.
+) -> None:
+    """Process the partitions not done by an earlier run (each writes its signatures file).
     Model stages that want an actor pool get one for this phase."""
     done = done_parts(work_url, cfg.storage_options)
     todo = [p for p in parts if p["part"] not in done]
@@ -132,7 +139,6 @@ def phase_a(
         run_tasks(todo, task, "partitions", progress, resources=cfg.ray.resources)
     finally:
         stop_pools(encoders)
-    return read_signatures(work_url, [p["part"] for p in parts], cfg.storage_options)
 
 
 def partition_task(
@@ -224,90 +230,84 @@ def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) ->
     write_parquet(table, url, cfg.storage_options)
 
 
-# ---- phase B -------------------------------------------------------------------------------
+# ---- phase B: decisions on partitioned signatures (pipeline/decide.py) -----------------------
 
 
-def phase_b(signatures: pa.Table, stages: list[Stage]) -> pa.Table:
-    """Apply each global stage's decisions to the signatures (drop reason, kept key)."""
-    signatures = signatures.sort_by([("__part__", "ascending"), ("__index__", "ascending")])
-    drops = signatures[DROP].to_pylist()
-    drop_stages = signatures[DROP_STAGE].to_pylist()
-    drop_repeated_keys(signatures["__key__"].to_pylist(), drops, drop_stages)
-    signatures = with_string_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
-    duplicate_of: list[str | None] = [None] * signatures.num_rows
-    keys = signatures["__key__"].to_pylist()
-    runner = RayRunner()
-    for stage in (s for s in stages if s.is_global):
-        decided = stage.decide(signatures, runner)
-        for i, key in enumerate(keys):
-            if key in decided and drops[i] is None:
-                drops[i], duplicate_of[i] = decided[key]
-                drop_stages[i] = stage.label
-        signatures = with_string_columns(signatures, {DROP: drops, DROP_STAGE: drop_stages})
-    return with_string_columns(signatures, {"duplicate_of": duplicate_of})
-
-
-def drop_repeated_keys(keys: list[str], drops: list, drop_stages: list) -> None:
-    """Keys must be unique in the output: the first live sample (in input order) keeps it."""
-    seen: set[str] = set()
-    for i, key in enumerate(keys):
-        if drops[i] is None:
-            if key in seen:
-                drops[i], drop_stages[i] = "duplicate_key", "source"
-            seen.add(key)
+def signature_groups(
+    cfg: BuildConfig, parts: list[dict], work_url: str
+) -> tuple[Groups, pa.Schema]:
+    """The partitions' signature row counts and columns (footers only), grouped."""
+    numbers = [p["part"] for p in parts]
+    rows, schema = scan_partitions(work_url, numbers, cfg.storage_options, RayRunner())
+    members = plan_groups(numbers, rows)
+    counts = dict(zip(numbers, rows, strict=True))
+    group_rows = [sum(counts[p] for p in group) for group in members]
+    return Groups(work_url, cfg.storage_options, members, group_rows), schema
 
 
 # ---- phase C and commit --------------------------------------------------------------------
 
 
 def phase_c(
-    cfg: BuildConfig, signatures: pa.Table, work_url: str, progress: bool
-) -> tuple[list[dict], dict[str, str]]:
-    """Write the final shards; returns manifest entries and each kept key's shard."""
-    kept = signatures.filter(pc.is_null(signatures[DROP]))
-    rows = kept.select(["__key__", "__part__", "__offset__", "__bytes__"]).to_pylist()
-    specs = shard_specs(rows, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
-    parts = sorted({row["__part__"] for row in rows})
-    candidates = join(work_url, "candidates")
-    fields = plan_metadata_fields(candidates, parts, cfg.storage_options, RayRunner())
+    cfg: BuildConfig,
+    groups: Groups,
+    stages: list[Stage],
+    final: str,
+    runner: Runner,
+    progress: bool,
+) -> tuple[list[dict], dict[str, list]]:
+    """Write the final shards; returns manifest entries, where groups and shards start, and
+    the groups' stats shares."""
+    found = kept_tables(groups, final, timing_columns(stages), runner)
+    kept = [share["kept"] for share in found]
+    specs = plan_layout(groups, kept, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
+    parts = sorted({part for share in found for part in share["parts"]})
+    candidates = join(groups.work_url, "candidates")
+    fields = plan_metadata_fields(candidates, parts, cfg.storage_options, runner)
+    starts = kept_starts(kept)
     specs = [spec | {"fields": fields} for spec in specs]  # one parquet schema for all shards
     record_files(cfg, [name for spec in specs for name in shard_files(spec["name"])])
-    done = done_shards(work_url, cfg.storage_options)
+    done = done_shards(groups.work_url, cfg.storage_options)
     todo = [s for s in specs if s["name"] not in done]
-    task = partial(shard_task, work_url=work_url, cfg=cfg)
+    task = partial(shard_task, groups=groups, starts=starts, cfg=cfg)
     entries = run_tasks(todo, task, "shards", progress)
     entries += [done[s["name"]] for s in specs if s["name"] in done]
-    shard_of = {
-        key: spec["name"] for spec in specs for _, spans in spec["parts"] for key, _, _ in spans
+    layout = {
+        "kept_starts": starts,
+        "shard_starts": [spec["start"] for spec in specs],
+        "counts": [share["counts"] for share in found],
     }
-    return sorted(entries, key=lambda e: e["name"]), shard_of
+    return sorted(entries, key=lambda e: e["name"]), layout
 
 
-def shard_task(spec: dict, work_url: str, cfg: BuildConfig) -> dict:
+def shard_task(spec: dict, groups: Groups, starts: list[int], cfg: BuildConfig) -> dict:
     """Ray task body: write one planned shard, then its marker (so a rerun skips it); returns
     its manifest entry."""
-    candidates = join(work_url, "candidates")
+    candidates = join(groups.work_url, "candidates")
+    spec = spans_spec(spec, groups, starts)
     entry = write_shard(spec, candidates, cfg.output.path, cfg.storage_options)
-    fs, marker = filesystem(shard_marker(work_url, entry["name"]), cfg.storage_options)
+    fs, marker = filesystem(shard_marker(groups.work_url, entry["name"]), cfg.storage_options)
     write_bytes_atomic(fs, marker, json.dumps(entry).encode())
     return entry
 
 
 def commit(
     cfg: BuildConfig,
-    signatures: pa.Table,
+    groups: Groups,
+    plan: Publication,
+    stats: dict[str, Any],
     entries: list[dict],
-    stats: dict,
-    work_url: str,
+    timer: PhaseTimer,
     identity: str,
+    runner: Runner,
 ) -> dict[str, Any]:
-    """Signatures and stats, then the manifest (the commit marker), then drop the scratch.
-    Every file is recorded before it is written; the manifest lists those that were."""
+    """Signatures, embeddings and stats, then the manifest (the commit marker), then drop the
+    scratch. Every file is recorded before it is written; the manifest lists those that were."""
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
-    expected = output_files([e["name"] for e in entries], signatures.num_rows)
+    expected = output_files([e["name"] for e in entries], groups.count)
     record_files(cfg, [*expected, MANIFEST])
-    write_signatures(cfg.output.path, signatures, cfg.storage_options)
-    write_embeddings(cfg.output.path, signatures, cfg.storage_options)
+    publish(groups, plan, runner)
+    stats["phases"] = dict(timer.seconds)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
     manifest = manifest_document(entries, redact(json.loads(cfg.model_dump_json())), identity)
     write_bytes_atomic(fs, join(out, "shardindex.json"), json.dumps(wids_index(entries)).encode())

@@ -27,6 +27,7 @@ from stages.base import IMAGE_COLUMNS
 
 SCAN_BYTES = 64 << 20
 THUMB = 128
+REPORT_ROWS = 200_000  # the first signature group's first rows: what the plots are drawn from
 DUPLICATE_REASONS = ("duplicate_exact", "duplicate_near", "duplicate_semantic")
 
 
@@ -40,7 +41,7 @@ def render_report(
         manifest = json.loads(fs.cat_file(join(root, "manifest.json")))
     stats = json.loads(fs.cat_file(join(root, "stats.json")))
     with fs.open(join(root, "signatures", "part-000000.parquet"), "rb") as f:
-        rows = pq.read_table(f).to_pylist()
+        rows = pq.read_table(f).slice(0, REPORT_ROWS).to_pylist()  # a sample of big builds
     kept = kept_samples(fs, root, manifest)
     source_fs, _ = filesystem(source or manifest["config"]["source"]["path"], storage_options)
     sections = [

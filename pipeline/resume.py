@@ -13,14 +13,10 @@ else: refused unless `output.allow_other_files`, and never deleted or overwritte
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from core.config_io import ConfigError
 from core.formats import MANIFEST_FORMAT
@@ -28,6 +24,7 @@ from core.redaction import redact
 from core.storage import filesystem, join, remove_tree, with_retries, write_bytes_atomic
 from pipeline.config import BuildConfig
 from pipeline.embeddings import EMBEDDING_COLUMNS, ROWS_PER_FILE
+from pipeline.signatures import signatures_file
 
 WORK_DIR = "_work"
 BUILD_FILE = "build.json"
@@ -130,10 +127,9 @@ def temp_of(rel: str) -> str | None:
     return match.group(1) if match else None
 
 
-def embedding_files(rows: int) -> list[str]:
-    """Every name pipeline.embeddings may write for up to `rows` kept samples."""
+def embedding_files(count: int) -> list[str]:
+    """Every name pipeline.embeddings may write for `count` file sets (one per group)."""
     folders = [*EMBEDDING_COLUMNS.values(), "metadata"]
-    count = -(-rows // ROWS_PER_FILE)
     return [
         f"embeddings/{f}/{f}_{i:04d}.{'parquet' if f == 'metadata' else 'npy'}"
         for i in range(count)
@@ -146,15 +142,16 @@ def shard_files(name: str) -> list[str]:
     return [name, name.removesuffix(".tar") + ".parquet"]
 
 
-def output_files(shards: list[str], rows: int) -> list[str]:
-    """Every file (but the manifest) a build with these shards and signature rows may write."""
-    fixed = ["stats.json", "shardindex.json", "report.html", "signatures/part-000000.parquet"]
-    return fixed + embedding_files(rows) + [f for name in shards for f in shard_files(name)]
+def output_files(shards: list[str], groups: int) -> list[str]:
+    """Every file (but the manifest) a build with these shards and signature groups may write."""
+    fixed = ["stats.json", "shardindex.json", "report.html"]
+    fixed += [signatures_file(g) for g in range(max(1, groups))]
+    return fixed + embedding_files(groups) + [f for name in shards for f in shard_files(name)]
 
 
 def manifest_files(manifest: dict) -> set[str]:
     """What a finished build wrote: its `files` record, or for a manifest from before that
-    record existed, the names such a build wrote."""
+    record existed, the names such a build wrote (one signatures file, embeddings per 1M)."""
     if "files" in manifest:
         return {MANIFEST, *safe_recorded(manifest["files"])}
     shards = manifest.get("shards")
@@ -163,7 +160,8 @@ def manifest_files(manifest: dict) -> set[str]:
     )
     samples = manifest.get("samples")
     rows = samples if isinstance(samples, int) and samples > 0 else 0
-    derived = output_files([n for n in names if isinstance(n, str)], rows)
+    derived = output_files([n for n in names if isinstance(n, str)], 0)
+    derived += embedding_files(-(-rows // ROWS_PER_FILE))
     return {MANIFEST, *safe_recorded(derived)}
 
 
@@ -360,15 +358,6 @@ def done_parts(work_url: str, storage_options: dict) -> set[int]:
     return {
         int(p.rpartition("-")[2].split(".")[0]) for p in fs.glob(join(folder, "part-*.parquet"))
     }
-
-
-def read_signatures(work_url: str, parts: list[int], storage_options: dict) -> pa.Table:
-    """All partitions' signature rows, read back from storage (one batched fetch)."""
-    fs, folder = filesystem(join(work_url, "signatures"), storage_options)
-    paths = [join(folder, signatures_name(p)) for p in parts]
-    blobs = with_retries(lambda: fs.cat(paths))
-    tables = [pq.read_table(io.BytesIO(blobs[p])) for p in paths]
-    return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
 
 
 def shard_marker(work_url: str, name: str) -> str:

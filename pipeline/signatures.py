@@ -59,8 +59,8 @@ def with_string_columns(table: pa.Table, columns: dict[str, list]) -> pa.Table:
     return table
 
 
-def write_signatures(output: str, signatures: pa.Table, storage_options: dict[str, Any]) -> None:
-    """signatures/part-000000.parquet: one row per input sample, with its fate."""
+def published_table(signatures: pa.Table) -> pa.Table:
+    """The columns users get, under their published names (internal ones left out)."""
     names = {
         "__key__": "key",
         "__source__": "source",
@@ -76,6 +76,17 @@ def write_signatures(output: str, signatures: pa.Table, storage_options: dict[st
         and c not in EMBEDDING_COLUMNS
         and c not in UNPUBLISHED
     ]
-    table = signatures.select(keep).rename_columns([names.get(c, c) for c in keep])
-    url = join(output, "signatures", "part-000000.parquet")
-    write_parquet(table, url, storage_options)
+    return signatures.select(keep).rename_columns([names.get(c, c) for c in keep])
+
+
+def signatures_file(group: int) -> str:
+    """`signatures/part-000000.parquet`, ...: one file per signature group, in output order."""
+    return f"signatures/part-{group:06d}.parquet"
+
+
+def write_signatures(
+    output: str, signatures: pa.Table, storage_options: dict[str, Any], group: int = 0
+) -> None:
+    """One group's rows, each with its fate, as `signatures_file(group)`."""
+    url = join(output, signatures_file(group))
+    write_parquet(published_table(signatures), url, storage_options)

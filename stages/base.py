@@ -27,6 +27,7 @@ from core.formats import (  # noqa: F401  (re-exported: the stage interface's co
     sample_meta,
 )
 from core.mapreduce import Runner
+from stages.lib.decisions import KeyedDecision, TopFraction
 
 Columns = dict[str, list[Any]]
 
@@ -53,6 +54,7 @@ class Stage:
     expands: ClassVar[bool] = False  # turns one sample into several (clip_split)
     uses_model_pool: ClassVar[bool] = False  # a ModelStage: its model may run in actors
     produces: ClassVar[frozenset[str]] = frozenset()  # columns later stages may reuse
+    decide_columns: ClassVar[tuple[str, ...] | None] = None  # what decide() reads (None: all)
 
     def __init__(self, options: StageOptions | None = None, index: int = 0) -> None:
         self.options = options if options is not None else self.Options()
@@ -75,6 +77,15 @@ class Stage:
         """Global stages: map key -> (drop reason, kept key) over live signature rows. Heavy
         work goes through `runner` (Ray tasks in a build, in-process when None)."""
         return {}
+
+    def decides(self) -> bool:
+        """Whether this stage takes a global decision in this configuration."""
+        return self.is_global
+
+    def decide_plan(self) -> KeyedDecision | TopFraction | None:
+        """How a build runs the decision over partitioned signatures (stages/lib/decisions.py);
+        None: `decide()` on the live rows' `decide_columns`, gathered into one task."""
+        return None
 
     @property
     def timing_column(self) -> str:

@@ -37,8 +37,11 @@ from stages.base import (
     sample_meta,
 )
 from stages.lib.clip_model import ClipModel, cached_model, check_model
+from stages.lib.decisions import TopFraction
 from stages.lib.dedupe_common import Decisions, live_rows
 from stages.lib.text_prompts import ConceptOptions, concept_probability, prompt_sets
+
+TOP_REASON = "below_top_fraction"
 
 
 class Encoder(Protocol):
@@ -172,6 +175,13 @@ class ClipScore(ModelStage):
             return "high_clip_score"
         return None
 
+    def decides(self) -> bool:
+        return self.options.keep_top_fraction is not None
+
+    def decide_plan(self) -> TopFraction | None:
+        fraction = self.options.keep_top_fraction
+        return None if fraction is None else TopFraction("clip_score", fraction, TOP_REASON)
+
     def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
         fraction = self.options.keep_top_fraction
         if fraction is None:
@@ -233,4 +243,4 @@ def top_fraction_decisions(live: pa.Table, fraction: float) -> Decisions:
         sort_keys=[("clip_score", "descending"), ("__key__", "ascending")],
     )
     dropped = pc.take(live["__key__"], order[keep:]).to_pylist()
-    return {key: ("below_top_fraction", None) for key in dropped}
+    return {key: (TOP_REASON, None) for key in dropped}

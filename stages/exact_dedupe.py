@@ -21,6 +21,7 @@ from PIL import Image
 
 from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import Columns, Stage, StageOptions, media_column, register
+from stages.lib.decisions import KeyedDecision, split_by
 from stages.lib.dedupe_common import Decisions, live_rows
 
 HEX_PAIRS = pa.array([f"{i:02x}" for i in range(256)])
@@ -82,6 +83,11 @@ class ExactDedupe(Stage):
             decided.update(zip(keys, kept, strict=True))
         return {key: ("duplicate_exact", kept) for key, kept in decided.items()}
 
+    def decide_plan(self) -> KeyedDecision:
+        return KeyedDecision(
+            ("sha256",), route_by_hash, smallest_key_per_hash, "duplicate_exact", 112
+        )
+
 
 def route_by_hash(block: pa.Table, partitions: int) -> list[pa.Table]:
     """Split rows by the first two bytes of their sha256 (65,536 routes), so equal hashes
@@ -92,8 +98,7 @@ def route_by_hash(block: pa.Table, partitions: int) -> list[pa.Table]:
     for start in (0, 2):
         byte = pc.index_in(pc.utf8_slice_codeunits(block["sha256"], start, start + 2), HEX_PAIRS)
         route = route * 256 + byte.to_numpy(zero_copy_only=False).astype(np.int64)
-    part = route % partitions
-    return [block.filter(pa.array(part == p)) for p in range(partitions)]
+    return split_by(block, route % partitions, partitions)
 
 
 def smallest_key_per_hash(tables: list[pa.Table]) -> pa.Table:
@@ -102,4 +107,4 @@ def smallest_key_per_hash(tables: list[pa.Table]) -> pa.Table:
     smallest = rows.group_by("sha256").aggregate([("__key__", "min")])
     joined = rows.join(smallest.rename_columns(["sha256", "kept"]), "sha256")
     dropped = joined.filter(pc.not_equal(joined["__key__"], joined["kept"]))
-    return dropped.select(["__key__", "kept"])
+    return dropped.drop_columns(["sha256"])  # key, kept, and where the row is (if routed)

@@ -48,6 +48,7 @@ class SemanticDedupe(Stage):
     name = "semantic_dedupe"
     Options = SemanticDedupeOptions
     is_global = True
+    decide_columns = ("__key__", "embedding", "clip_score", "width", "height")
     # Set by the registry when an earlier stage (clip_score) gives every live sample its
     # `embedding`: then this stage's own model is never loaded, nor checked.
     embeddings_given = False

@@ -1,0 +1,81 @@
+"""How a global stage's decision runs over partitioned signatures (pipeline/decide.py).
+
+A stage's `decide_plan()` returns one of these, or None: then the build gathers the live rows'
+`decide_columns` into one task and calls its whole-table `decide()` there.
+- KeyedDecision: a hash-partitioned group-by. Rows (live, every listed column set, plus
+  `__key__`, `__part__`, `__index__`) are routed by `route(block, partitions)`; `reduce(tables)`
+  gets one partition's rows and returns the rows to drop: `__part__`, `__index__`, `kept`
+  (the surviving key, or null). Memory: a reduce holds its share of the routed rows.
+- TopFraction: keep exactly ceil(fraction x N) of the N live rows with `column` set, highest
+  value first, then smallest key (a distributed histogram finds the threshold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+@dataclass(frozen=True)
+class KeyedDecision:
+    columns: tuple[str, ...]
+    route: Callable[[pa.Table, int], list[pa.Table]]
+    reduce: Callable[[list[pa.Table]], pa.Table]
+    reason: str
+    row_bytes: int = 64  # routed bytes per row (decides how many reduces)
+
+
+@dataclass(frozen=True)
+class TopFraction:
+    column: str
+    fraction: float
+    reason: str
+
+
+def split_by(block: pa.Table, route: np.ndarray, partitions: int) -> list[pa.Table]:
+    """Rows of `block` per partition, given each row's partition number."""
+    if partitions == 1:
+        return [block]
+    order = np.argsort(route, kind="stable")
+    bounds = np.searchsorted(route[order], np.arange(partitions + 1))
+    taken = block.take(pa.array(order))
+    return [taken.slice(bounds[p], bounds[p + 1] - bounds[p]) for p in range(partitions)]
+
+
+def route_by_text(block: pa.Table, partitions: int, column: str) -> list[pa.Table]:
+    """Rows split by a stable hash of a text column (the same on every machine and run)."""
+    values = block[column].to_numpy(zero_copy_only=False)
+    route = (pd.util.hash_array(values.astype(object)) % np.uint64(partitions)).astype(np.int64)
+    return split_by(block, route, partitions)
+
+
+def first_per_key(tables: list[pa.Table]) -> pa.Table:
+    """Rows whose `__key__` an earlier row (by part, then index) already has: to drop."""
+    rows = pa.concat_tables(tables).sort_by(
+        [("__key__", "ascending"), ("__part__", "ascending"), ("__index__", "ascending")]
+    )
+    keys = rows["__key__"]
+    if rows.num_rows < 2:  # nothing can repeat
+        rows = rows.slice(0, 0)
+        return rows.select(["__part__", "__index__"]).append_column(
+            "kept", pa.nulls(0, pa.string())
+        )
+    repeat = pc.equal(keys.slice(1), keys.slice(0, rows.num_rows - 1))
+    mask = pa.concat_arrays([pa.array([False]), repeat.combine_chunks()])
+    dropped = rows.filter(mask).select(["__part__", "__index__"])
+    return dropped.append_column("kept", pa.nulls(dropped.num_rows, pa.string()))
+
+
+REPEATED_KEYS = KeyedDecision(
+    columns=(),
+    route=partial(route_by_text, column="__key__"),
+    reduce=first_per_key,
+    reason="duplicate_key",
+    row_bytes=48,
+)
