@@ -38,7 +38,7 @@ from core.tario import write_tar
 from pipeline.actors import RemoteEncoder, start_pools, stop_pools
 from pipeline.config import BuildConfig, check_paths, check_ray_resources
 from pipeline.decide import decide
-from pipeline.groups import Groups, plan_groups, scan_partitions
+from pipeline.groups import ROWS_PER_GROUP, Groups, plan_groups, scan_partitions
 from pipeline.layout import kept_starts, kept_tables, plan_layout, spans_spec
 from pipeline.publish import Publication, publish
 from pipeline.raysession import connect, run_tasks
@@ -76,6 +76,7 @@ log = logging.getLogger("mmcurate.build")
 # Phases B and C run their tasks in this process up to this many signature rows: below it a
 # round of Ray tasks costs more than the work (the same code runs either way).
 IN_PROCESS_ROWS = 200_000
+GROUP_ROWS = ROWS_PER_GROUP  # signature rows a phase B/C task handles (pipeline/groups.py)
 
 
 def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
@@ -239,7 +240,7 @@ def signature_groups(
     """The partitions' signature row counts and columns (footers only), grouped."""
     numbers = [p["part"] for p in parts]
     rows, schema = scan_partitions(work_url, numbers, cfg.storage_options, RayRunner())
-    members = plan_groups(numbers, rows)
+    members = plan_groups(numbers, rows, GROUP_ROWS)
     counts = dict(zip(numbers, rows, strict=True))
     group_rows = [sum(counts[p] for p in group) for group in members]
     return Groups(work_url, cfg.storage_options, members, group_rows), schema
