@@ -193,12 +193,18 @@ def phases(work: Path, stages_cfg: list[dict], publish_output: bool) -> dict:
     }
 
 
-def run_one(n: int, work: Path, publish_output: bool) -> dict:
-    """Generate (not timed), then the phases, in this process; prints one JSON line."""
-    if work.exists():
+def run_one(n: int, work: Path, publish_output: bool, keep: bool) -> dict:
+    """Generate (not timed; kept signatures of the same size are reused with `keep`), then the
+    phases, in this process; prints one JSON line."""
+    parts = -(-n // ROWS_PER_PART)
+    reuse = keep and len(list((work / "signatures").glob("part-*.parquet"))) == parts
+    for scratch in ["decide", "out"] if reuse else []:
+        shutil.rmtree(work / scratch, ignore_errors=True)
+    if not reuse and work.exists():
         shutil.rmtree(work)
     started = time.perf_counter()
-    parts = generate(work, n)
+    if not reuse:
+        generate(work, n)
     generated = time.perf_counter() - started
     input_bytes = sum(p.stat().st_size for p in (work / "signatures").glob("*.parquet"))
     with PeakMemory() as peak:
@@ -215,7 +221,8 @@ def run_one(n: int, work: Path, publish_output: bool) -> dict:
         "tree_peak_pss": peak.bytes,
         "parts": parts,
     }
-    shutil.rmtree(work)
+    if not keep:
+        shutil.rmtree(work)
     return result
 
 
@@ -272,18 +279,21 @@ def main() -> None:
     parser.add_argument("--no-publish-above", type=int, default=10**12)
     parser.add_argument("--work", type=Path, default=Path("/tmp/mmcurate-scale"))
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--keep", action="store_true", help="keep (and reuse) the signatures")
     parser.add_argument("--check", type=int, help="compare with the oracle at this size")
     args = parser.parse_args()
     if args.check:
         check(args.check, args.work)
         return
     if args.one:
-        print(json.dumps(run_one(args.one, args.work, args.one <= args.no_publish_above)))
+        publish_output = args.one <= args.no_publish_above
+        print(json.dumps(run_one(args.one, args.work, publish_output, args.keep)))
         return
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()}")
     for n in args.sizes:
         command = [sys.executable, __file__, "--one", str(n), "--work", str(args.work)]
         command += ["--no-publish-above", str(args.no_publish_above)]
+        command += ["--keep"] if args.keep else []
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         print(out.strip().splitlines()[-1], f"# load after {os.getloadavg()}", flush=True)
 
