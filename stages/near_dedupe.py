@@ -51,10 +51,13 @@ from stages.lib.dedupe_common import (
 )
 from stages.lib.hamming import (
     TablePlan,
+    distinct,
+    expand_pairs,
+    group_task,
     map_block,
     plan_tables,
     reduce_partition,
-    table_pairs,
+    table_rows_pairs,
     unique_inverse,
     unique_pairs,
 )
@@ -172,44 +175,60 @@ def original_size(metas: list | None, row: int, decoded: tuple[int, int]) -> tup
 def near_groups(
     hashes: np.ndarray, plan: TablePlan, runner: Runner, wave_bytes: int = 1 << 30
 ) -> np.ndarray:
-    """Group label per hash: connected components of pairs within the plan's radius."""
+    """Group label per hash: connected components of pairs within the plan's radius, each
+    labelled by its smallest distinct-hash index (a hash in no pair: its own)."""
     inverse, unique = unique_inverse(hashes)  # equal hashes: one node
     a, b = close_pairs(unique, plan, runner, wave_bytes)
-    graph = coo_matrix((np.ones(len(a), np.int8), (a, b)), shape=(len(unique), len(unique)))
-    _, labels = connected_components(graph, directed=False)
+    labels = np.arange(len(unique))
+    if len(a):  # components over the nodes in pairs only, not a graph of every hash
+        nodes, index = np.unique(np.concatenate([a, b]), return_inverse=True)
+        edges = (np.ones(len(a), np.int8), (index[: len(a)], index[len(a) :]))
+        graph = coo_matrix(edges, shape=(len(nodes), len(nodes)))
+        count, component = connected_components(graph, directed=False)
+        smallest = np.full(count, len(unique))
+        np.minimum.at(smallest, component, nodes)
+        labels[nodes] = smallest[component]
     return labels[inverse]
 
 
 def close_pairs(
     hashes: np.ndarray, plan: TablePlan, runner: Runner, wave_bytes: int = 1 << 30
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every verified pair (a, b), a < b, of positions in `hashes` sharing a table of the plan.
+    """Every verified pair (a, b), a < b, of positions in `hashes` sharing a table of the plan
+    (rows holding one hash always pair). The tables run over the distinct hashes, sorted.
 
     When one table's entries fit in one reduce (up to ~16M hashes), each task takes a whole
-    table over the shared hash blocks. Beyond that, entries are hash-partitioned by (table,
-    key) across reduces, the tables running in waves of at most `wave_bytes` of entries.
+    table (exact) or permutation group (lsh) over the shared hashes. Beyond that, entries are
+    hash-partitioned by (table, key) across reduces, the tables running in waves of at most
+    `wave_bytes` of entries.
     """
-    n = len(hashes)
+    inverse, unique = distinct(hashes)
+    n = len(unique)
     if n * ENTRY_BYTES <= REDUCE_BYTES:
-        shared = runner.share(hashes)
-        calls = [(mask, plan.radius, shared) for mask in plan.masks]
-        return merge_pairs(runner.run(table_pairs, calls))
-    blocks = [(hashes[start:stop], start) for start, stop in split_range(n, 1 << 20)]
+        shared = runner.share(unique)
+        if plan.mode == "lsh":
+            results = runner.run(group_task, [(plan, g, shared) for g in range(len(plan.perms))])
+        else:
+            results = runner.run(
+                table_rows_pairs, [(plan, t, shared) for t in range(len(plan.masks))]
+            )
+        return expand_pairs(*merge_pairs(results), inverse)
+    blocks = [(unique[start:stop], start) for start, stop in split_range(n, 1 << 20)]
     per_wave = max(1, wave_bytes // (n * ENTRY_BYTES))
     results = []
     for first in range(0, len(plan.masks), per_wave):
-        masks = plan.masks[first : first + per_wave]
-        partitions = partitions_for(n * len(masks) * ENTRY_BYTES, runner, REDUCE_BYTES)
-        mapper = partial(map_block, masks=masks, first_table=first, partitions=partitions)
-        reducer = partial(reduce_partition, masks=masks, radius=plan.radius)
+        count = min(per_wave, len(plan.masks) - first)
+        partitions = partitions_for(n * count * ENTRY_BYTES, runner, REDUCE_BYTES)
+        mapper = partial(
+            map_block, plan=plan, first_table=first, count=count, partitions=partitions
+        )
+        reducer = partial(reduce_partition, plan=plan, first_table=first, count=count)
         results += runner.map_reduce(blocks, mapper, reducer, partitions)
-    return merge_pairs(results)
+    return expand_pairs(*merge_pairs(results), inverse)
 
 
 def merge_pairs(results: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     if not results:
         empty = np.empty(0, np.int64)
         return empty, empty
-    return unique_pairs(
-        np.concatenate([a for a, _ in results]), np.concatenate([b for _, b in results])
-    )
+    return np.concatenate([a for a, _ in results]), np.concatenate([b for _, b in results])

@@ -85,7 +85,7 @@ def test_lsh_plan_meets_its_predicted_recall_at_the_radius():
     recall = sum((i - 1, i) in found for i in range(1, 4000, 2)) / 2000
     assert abs(recall - plan.recall_at(6)) < 0.03
     assert found <= brute_force_pairs(hashes, 6)  # never a pair beyond the radius
-    assert lsh_recall(6, plan.bits, len(plan.masks)) == plan.recall_at(6)
+    assert plan.recall_at(6) >= lsh_recall(6, plan.bits, len(plan.perms))  # one window each
 
 
 def test_auto_plan_is_exact_at_radius_4_and_lsh_for_wide_radius():

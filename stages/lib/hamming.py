@@ -7,12 +7,14 @@ then verified by popcount. Two ways to choose the masks:
 - exact (pigeonhole): split the 64 bits into `bands` bands; a pair at distance <= radius
   differs in at most `radius` of them, so it agrees on some `bands - radius` bands. One table per
   such combination, C(bands, radius) tables, finds every pair within the radius.
-- lsh: `tables` masks of `bits` random bits each. A pair at distance d agrees on one with
-  probability C(64-d, bits) / C(64, bits); `tables` is the smallest count that reaches the
-  target recall at d = radius (closer pairs are found more often).
+- lsh (window LSH, `hamming_lsh`): `groups` random bit permutations, each with a few windows
+  of `bits` contiguous permuted bits; the fewest groups that reach the target recall for
+  pairs at distance exactly `radius` (closer pairs are found more often).
 
-`plan_tables` picks between them with a cost model: per table, one sort of all n hashes plus
-the expected random candidates n^2 / 2^(bits+1) (uniform hashes).
+Each pair is reported by one table only: the first, in plan order, whose mask it agrees on
+(`first_found_here`), so the result does not depend on how tables are split into tasks.
+`plan_tables` picks between the two with a cost model measured on this kernel (BENCHMARKS.md):
+per table a pass over n hashes plus the expected random candidates n^2 / 2^(bits+1).
 """
 
 from __future__ import annotations
@@ -24,25 +26,40 @@ from functools import lru_cache
 from itertools import combinations
 
 import numpy as np
-import pandas
 
-SORT_COST = 1.0  # relative cost of sorting one hash in one table
-PAIR_COST = (
-    4.0  # one candidate pair (two random gathers, ~180 ns) vs one hash in one table (~45 ns)
+from stages.lib.hamming_lsh import (
+    even_rotations,
+    first_found_here,
+    group_pairs,
+    group_recall,
+    groups_needed,
+    rows_window_pairs,
+    window_mask,
 )
-MAX_TABLES = 400
+
+# Relative costs, per hash per table unless said (one exact-kernel table over 10M ~ 0.5 s):
+SORT_COST = 1.0  # exact kernel: pack a digest and position, sort, scan the runs
+PAIR_COST = 4.0  # exact kernel: one random candidate (two random 8-byte reads)
+WINDOW_COST = 0.55  # lsh: rotate, sort and scan the hashes themselves
+WINDOW_PAIR_COST = 0.45  # lsh: one random candidate, checked on neighbouring values
+PERMUTE_COST = 0.7  # lsh: one group's permutation (per hash)
+EXACT_PREMIUM = 3.0  # auto takes the exact plan unless lsh is more than this many times cheaper
+MAX_TABLES = 400  # exact plans
+MAX_LSH_TABLES = 2000
+MAX_WINDOWS = 8  # windows per permutation
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes the uint64 values
 LOW = np.uint64(0xFFFFFFFF)  # the position half of a packed (digest, position)
 HIGH = np.uint64(0xFFFFFFFF00000000)  # the digest half
-BUCKET_ROWS = 1 << 16  # hashes per bucket of unique_inverse's hash tables (in a core's L2)
 
 
 @dataclass(frozen=True)
 class TablePlan:
     mode: str  # "exact" or "lsh"
     radius: int
-    masks: tuple[int, ...]
+    masks: tuple[int, ...]  # every table, in order, as a mask of original bits
     bits: int  # masked bits per table (the smallest, for exact bands of unequal width)
+    perms: tuple[tuple[int, ...], ...] = ()  # lsh: one bit permutation per group
+    rotations: tuple[int, ...] = ()  # lsh: each group's windows
 
     def recall_at(self, distance: int) -> float:
         """Probability that a pair at `distance` shares at least one table."""
@@ -50,10 +67,21 @@ class TablePlan:
             return 0.0  # verification drops every candidate beyond the radius
         if self.mode == "exact":
             return 1.0
-        return lsh_recall(distance, self.bits, len(self.masks))
+        miss = 1.0 - group_recall(distance, self.bits, self.rotations)
+        return 1.0 - miss ** len(self.perms)
 
     def describe(self) -> str:
+        if self.mode == "lsh":
+            return (
+                f"lsh: {len(self.masks)} tables of {self.bits} bits "
+                f"({len(self.perms)} permutations x {len(self.rotations)} windows)"
+            )
         return f"{self.mode}: {len(self.masks)} tables of {self.bits}+ bits"
+
+    def window_of(self, table: int) -> tuple[tuple[int, ...], int]:
+        """(permutation, rotation) of an lsh table."""
+        group, w = divmod(table, len(self.rotations))
+        return self.perms[group], self.rotations[w]
 
 
 def band_masks(bands: int) -> list[int]:
@@ -78,41 +106,28 @@ def exact_masks(radius: int, bands: int) -> list[int]:
 
 
 def lsh_recall(distance: int, bits: int, tables: int) -> float:
+    """Recall of `tables` independent bit-sampling tables (one window per permutation)."""
     if bits > 64 - distance:
         return 0.0
     agree = math.comb(64 - distance, bits) / math.comb(64, bits)
     return 1.0 - (1.0 - agree) ** tables
 
 
-def lsh_tables_needed(radius: int, bits: int, recall: float) -> int:
-    agree = math.comb(64 - radius, bits) / math.comb(64, bits) if bits <= 64 - radius else 0.0
-    if agree >= 1.0:
-        return 1
-    if agree <= 0.0:
-        return MAX_TABLES + 1
-    return max(1, math.ceil(math.log(1.0 - recall) / math.log(1.0 - agree)))
-
-
-def lsh_masks(bits: int, tables: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    masks = []
-    for _ in range(tables):
-        mask = 0
-        for bit in rng.choice(64, size=bits, replace=False):
-            mask |= 1 << int(bit)
-        masks.append(mask)
-    return masks
-
-
 def plan_cost(n: int, masks: list[int] | tuple[int, ...]) -> float:
-    """Relative cost: per table one pass over n hashes plus the random candidate pairs."""
+    """Exact kernel: per table one pass over n hashes plus the random candidate pairs."""
     pairs = sum(n * n / 2.0 / 2.0 ** mask.bit_count() for mask in masks)
     return len(masks) * n * SORT_COST + pairs * PAIR_COST
 
 
+def lsh_cost(n: int, bits: int, windows: int, groups: int) -> float:
+    per_table = n * WINDOW_COST + n * n / 2.0 / 2.0**bits * WINDOW_PAIR_COST
+    return groups * (n * PERMUTE_COST + windows * per_table)
+
+
 def plan_tables(n: int, radius: int, recall: float, mode: str = "auto", seed: int = 0) -> TablePlan:
     """The cheapest plan for n hashes: exact if `mode` says so, or in auto mode when exact costs
-    no more than 1.25x the best LSH plan (then nothing within the radius is ever missed)."""
+    no more than EXACT_PREMIUM times the best LSH plan (then nothing within the radius is
+    ever missed)."""
     if not 0 <= radius <= 16:
         raise ValueError("radius must be between 0 and 16")
     exact = best_exact(n, radius)
@@ -121,7 +136,8 @@ def plan_tables(n: int, radius: int, recall: float, mode: str = "auto", seed: in
     lsh = best_lsh(n, radius, recall, seed)
     if mode == "lsh":
         return lsh
-    return exact if plan_cost(n, exact.masks) <= 1.25 * plan_cost(n, lsh.masks) else lsh
+    lsh_total = lsh_cost(n, lsh.bits, len(lsh.rotations), len(lsh.perms))
+    return exact if plan_cost(n, exact.masks) <= EXACT_PREMIUM * lsh_total else lsh
 
 
 def best_exact(n: int, radius: int) -> TablePlan:
@@ -139,18 +155,24 @@ def best_exact(n: int, radius: int) -> TablePlan:
 
 
 def best_lsh(n: int, radius: int, recall: float, seed: int) -> TablePlan:
-    best: tuple[float, int, int] | None = None
-    for bits in range(8, 64 - radius + 1):
-        tables = lsh_tables_needed(radius, bits, recall)
-        if tables > MAX_TABLES:
-            continue
-        cost = tables * (n * SORT_COST + n * n / 2.0 / 2.0**bits * PAIR_COST)
-        if best is None or cost < best[0]:
-            best = (cost, bits, tables)
+    """Bits per key and windows per permutation of least cost; permutations from `seed`."""
+    best: tuple[float, int, int, int] | None = None
+    for bits in range(1, 64 - radius + 1):
+        for windows in range(1, MAX_WINDOWS + 1):
+            groups = groups_needed(radius, bits, even_rotations(windows), recall)
+            if groups * windows > MAX_LSH_TABLES:
+                continue
+            cost = lsh_cost(n, bits, windows, groups)
+            if best is None or cost < best[0]:
+                best = (cost, bits, windows, groups)
     if best is None:
         raise ValueError(f"no LSH plan reaches recall {recall} at radius {radius}")
-    _, bits, tables = best
-    return TablePlan("lsh", radius, tuple(lsh_masks(bits, tables, seed)), bits)
+    _, bits, windows, groups = best
+    rng = np.random.default_rng(seed)
+    perms = tuple(tuple(int(b) for b in rng.permutation(64)) for _ in range(groups))
+    rotations = even_rotations(windows)
+    masks = tuple(window_mask(p, r, bits) for p in perms for r in rotations)
+    return TablePlan("lsh", radius, masks, bits, perms, rotations)
 
 
 # ---- candidates within one table ------------------------------------------------------------
@@ -230,24 +252,45 @@ def run_pairs(packed: np.ndarray, hashes: np.ndarray, radius: int) -> tuple[np.n
 
 
 def unique_inverse(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(inverse, unique) with unique[inverse] == hashes. Radix-bucketed by a mix of the bits
-    first, so each bucket's hash table fits in cache: ~1.5x faster than one big factorize."""
-    mixed_top = ((hashes * GOLDEN) >> np.uint64(48)).astype(np.uint16)
-    bucket_bits = min(16, max(0, math.ceil(math.log2(max(1, len(hashes)) / BUCKET_ROWS))))
-    bucket = mixed_top >> np.uint16(16 - bucket_bits) if bucket_bits else mixed_top * 0
-    order = np.argsort(bucket, kind="stable")
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(bucket, minlength=1 << bucket_bits))))
-    by_bucket = hashes[order]
-    inverse_sorted = np.empty(len(hashes), np.int64)
-    uniques, base = [], 0
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        codes, values = pandas.factorize(by_bucket[lo:hi])
-        inverse_sorted[lo:hi] = codes + base
-        uniques.append(values)
-        base += len(values)
+    """(inverse, unique) with unique[inverse] == hashes and unique sorted (the window tables
+    find positions by binary search in it). One vectorised argsort: at 10M, 2.3 s against
+    2.7 s for the bucketed factorize it replaced (same run, loaded machine)."""
+    order = np.argsort(hashes)
+    ordered = hashes[order]
+    new = np.empty(len(hashes), bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
     inverse = np.empty(len(hashes), np.int64)
-    inverse[order] = inverse_sorted
-    return inverse, np.concatenate(uniques) if uniques else hashes[:0]
+    inverse[order] = np.cumsum(new) - 1
+    return inverse, ordered[new]
+
+
+def distinct(hashes: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(inverse, sorted distinct hashes); inverse is None when `hashes` already are both."""
+    if len(hashes) < 2 or bool(np.all(hashes[1:] > hashes[:-1])):
+        return None, hashes
+    return unique_inverse(hashes)
+
+
+def expand_pairs(
+    a: np.ndarray, b: np.ndarray, inverse: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of distinct hashes (a, b) as pairs of rows: every row of a with every row of b,
+    plus every two rows holding one hash (distance 0); sorted, each once."""
+    if inverse is None:
+        return unique_pairs(a, b)
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse, minlength=int(inverse.max()) + 1)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    per = counts[a] * counts[b]
+    pair = np.repeat(np.arange(len(a)), per)
+    k = np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
+    rows_a = order[starts[a][pair] + k // counts[b][pair]]
+    rows_b = order[starts[b][pair] + k % counts[b][pair]]
+    same = [(order[i], order[j]) for i, j in equal_key_pairs(inverse[order])]
+    firsts = np.concatenate([rows_a] + [i for i, _ in same])
+    seconds = np.concatenate([rows_b] + [j for _, j in same])
+    return unique_pairs(np.minimum(firsts, seconds), np.maximum(firsts, seconds))
 
 
 def brute_force_pairs(hashes: np.ndarray, radius: int) -> set[tuple[int, int]]:
@@ -268,13 +311,32 @@ def route(keys: np.ndarray, table: int, partitions: int) -> np.ndarray:
     return ((mixed >> np.uint64(33)) % np.uint64(partitions)).astype(np.int64)
 
 
-def table_pairs(mask: int, radius: int, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One whole table over all hashes: the task when one table's rows fit in one reduce."""
-    return close_pairs_in_table(hashes, mask, radius)
+def table_rows_pairs(
+    plan: TablePlan, table: int, hashes: np.ndarray, ids: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ids (a, b), a < b (default: positions), of the pairs table `table` reports among these
+    rows (all hashes, or one reduce's share): found there, and found there first."""
+    if plan.mode == "lsh":
+        perm, rotation = plan.window_of(table)
+        a, b = rows_window_pairs(hashes, perm, rotation, plan.bits, plan.radius)
+    else:
+        a, b = close_pairs_in_table(hashes, plan.masks[table], plan.radius)
+    keep = first_found_here(hashes[a] ^ hashes[b], plan.masks, table)
+    a, b = a[keep], b[keep]
+    if ids is not None:
+        a, b = ids[a], ids[b]
+    return np.minimum(a, b), np.maximum(a, b)
+
+
+def group_task(plan: TablePlan, group: int, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One lsh group over all (sorted, distinct) hashes: the task when they fit in a reduce."""
+    return group_pairs(
+        group, plan.perms[group], plan.rotations, plan.bits, plan.radius, plan.masks, hashes
+    )
 
 
 def map_block(
-    block: tuple[np.ndarray, int], masks: tuple[int, ...], first_table: int, partitions: int
+    block: tuple[np.ndarray, int], plan: TablePlan, first_table: int, count: int, partitions: int
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Route a block of hashes (and their ids, offset + position) to partitions, per table.
 
@@ -284,8 +346,8 @@ def map_block(
     hashes, offset = block
     ids = np.arange(offset, offset + len(hashes), dtype=np.int64)
     per_part: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(partitions)]
-    for t, mask in enumerate(masks):
-        part = route(hashes & np.uint64(mask), first_table + t, partitions)
+    for t in range(first_table, first_table + count):
+        part = route(hashes & np.uint64(plan.masks[t]), t, partitions)
         order = np.argsort(part.astype(np.uint16), kind="stable")  # radix sort
         bounds = np.searchsorted(part[order], np.arange(partitions + 1))
         for p in range(partitions):
@@ -302,26 +364,35 @@ def map_block(
 
 
 def reduce_partition(
-    payloads: list[tuple[np.ndarray, np.ndarray, np.ndarray]], masks: tuple[int, ...], radius: int
+    payloads: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    plan: TablePlan,
+    first_table: int,
+    count: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Verified pairs (a, b) among one partition's rows, table by table; duplicates removed."""
-    firsts, seconds = [], []
+    """The pairs (a, b) the tables report among one partition's rows, table by table."""
+    firsts, seconds = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     starts = [np.concatenate(([0], np.cumsum(counts))) for _, _, counts in payloads]
-    for t, mask in enumerate(masks):
+    for t in range(count):
         pieces = [
             (h[s[t] : s[t + 1]], i[s[t] : s[t + 1]])
             for (h, i, _), s in zip(payloads, starts, strict=True)
         ]
         hashes = np.concatenate([h for h, _ in pieces])
         ids = np.concatenate([i for _, i in pieces])
-        a, b = close_pairs_in_table(hashes, mask, radius, ids)
+        a, b = table_rows_pairs(plan, first_table + t, hashes, ids)
         firsts.append(a)
         seconds.append(b)
-    return unique_pairs(np.concatenate(firsts), np.concatenate(seconds))
+    return np.concatenate(firsts), np.concatenate(seconds)
 
 
 def unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct pairs (one 1-D sort of a * span + b)."""
+    a, b = a.astype(np.int64), b.astype(np.int64)
     if not len(a):
-        return a.astype(np.int64), b.astype(np.int64)
-    pairs = np.unique(np.stack([a, b], axis=1), axis=0)
-    return pairs[:, 0], pairs[:, 1]
+        return a, b
+    span = int(b.max()) + 1
+    if span >= 1 << 32 or int(a.max()) >= 1 << 32:
+        pairs = np.unique(np.stack([a, b], axis=1), axis=0)
+        return pairs[:, 0], pairs[:, 1]
+    keys = np.unique(a.astype(np.uint64) * np.uint64(span) + b.astype(np.uint64))
+    return (keys // np.uint64(span)).astype(np.int64), (keys % np.uint64(span)).astype(np.int64)
