@@ -23,7 +23,13 @@ import pyarrow.compute as pc
 from core.mapreduce import LocalRunner, RayRunner, Runner, partitions_for
 from core.storage import filesystem, remove_tree, write_parquet
 from pipeline.decide_top import top_round
-from pipeline.groups import Groups, gather_group, read_fate, read_group, read_parquet, write_fate
+from pipeline.groups import (
+    Groups,
+    gather_group,
+    read_fate,
+    read_parquet,
+    write_fate,
+)
 from pipeline.rounds import ROW_ID, apply_round, live_table, shuffle_url, write_decisions
 from stages.base import DROP, DROP_STAGE, Stage
 from stages.lib.decisions import REPEATED_KEYS, KeyedDecision, TopFraction
@@ -148,7 +154,8 @@ def map_gather(
 ) -> int:
     """Task body: write a group's live rows (the listed columns, else all); returns rows."""
     wanted = None if columns is None else list(dict.fromkeys([*ROW_ID, *columns]))
-    table = read_group(groups, group, wanted)
+    # Only columns the group has: decide() tells "no embeddings" from a column of nulls.
+    table = read_parquet(groups.group_url(group), groups.storage_options, wanted)
     table = table.filter(pc.is_null(read_fate(groups, names[0], group)[DROP]))
     table = table.drop_columns([c for c in (DROP, DROP_STAGE) if c in table.column_names])
     table = table.append_column(DROP, pa.nulls(table.num_rows, pa.string()))  # all live

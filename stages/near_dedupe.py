@@ -90,6 +90,7 @@ class NearDedupe(Stage):
     name = "near_dedupe"
     Options = NearDedupeOptions
     is_global = True
+    decide_columns = ("__key__", *SIGNAL_COLUMNS, "clip_score", "embedding")  # what decide reads
 
     def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
