@@ -167,7 +167,7 @@ def run_img2dataset(exe: Path, urls: Path, out: Path) -> tuple[float, int]:
     )
 
 
-def run_mmcurate(urls: Path, out: Path, files_per_task: int) -> tuple[float, int]:
+def run_mmcurate(urls: Path, out: Path, files_per_task: int, runtime: str) -> tuple[float, int]:
     shutil.rmtree(out, ignore_errors=True)
     config = REPO / "configs" / "laion_ingest.yaml"
     env = {**os.environ, **loopback_only_env()}  # Ray on 127.0.0.1, nothing off loopback
@@ -182,6 +182,7 @@ def run_mmcurate(urls: Path, out: Path, files_per_task: int) -> tuple[float, int
             f"--set=source.files_per_task={files_per_task}",
             "--set=stages.0.allow_private_addresses=true",
             "--set=output.shard_max_samples=1000",
+            f"--set=ray.runtime={runtime}",
         ],
         env,
     )
@@ -194,13 +195,14 @@ def count_i2d(out: Path) -> int:
 
 def one_round(exe: Path, urls: Path, small: Path, root: Path, args: argparse.Namespace) -> dict:
     """Each tool on the full list and on a small one: end-to-end and marginal rates."""
+    load_before = loadavg()
     i2d_s, i2d_mem = run_img2dataset(exe, urls, root / "out-i2d")
     i2d_n = count_i2d(root / "out-i2d")
-    mm_s, mm_mem = run_mmcurate(urls, root / "out-mm", args.files_per_task)
+    mm_s, mm_mem = run_mmcurate(urls, root / "out-mm", args.files_per_task, args.runtime)
     mm_n = json.loads((root / "out-mm" / "manifest.json").read_text())["samples"]
     i2d_small_s, _ = run_img2dataset(exe, small, root / "out-i2d")
     i2d_small_n = count_i2d(root / "out-i2d")
-    mm_small_s, _ = run_mmcurate(small, root / "out-mm", args.files_per_task)
+    mm_small_s, _ = run_mmcurate(small, root / "out-mm", args.files_per_task, args.runtime)
     mm_small_n = json.loads((root / "out-mm" / "manifest.json").read_text())["samples"]
     i2d_marginal = (i2d_n - i2d_small_n) / (i2d_s - i2d_small_s)
     mm_marginal = (mm_n - mm_small_n) / (mm_s - mm_small_s)
@@ -219,7 +221,14 @@ def one_round(exe: Path, urls: Path, small: Path, root: Path, args: argparse.Nam
         "mmcurate_images": mm_n,
         "img2dataset_peak_rss_mb": i2d_mem // 2**20,
         "mmcurate_peak_rss_mb": mm_mem // 2**20,
+        "runtime": args.runtime,
+        "loadavg_before": load_before,
+        "loadavg_after": loadavg(),
     }
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
@@ -228,13 +237,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--files-per-task", type=int, default=500)
     parser.add_argument("--small", type=int, default=500, help="list size for fixed costs")
+    parser.add_argument("--root", help="work folder to keep and reuse (its photos when N match)")
+    parser.add_argument("--runtime", default="auto", help="mmcurate's ray.runtime (auto|ray|local)")
     args = parser.parse_args()
     if shutil.which("nginx") is None:
         sys.exit("bench/ingest.py needs nginx on PATH: apt-get install -y nginx")
     exe = ensure_img2dataset()
-    root = Path(tempfile.mkdtemp(prefix="mmcurate-ingest-"))
+    root = Path(args.root or tempfile.mkdtemp(prefix="mmcurate-ingest-"))
+    root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)  # nginx workers run unprivileged and must read the photos
-    make_photos(root / "photos", args.n, captions=False)
+    if len(list((root / "photos").glob("*.jpg"))) != args.n:
+        shutil.rmtree(root / "photos", ignore_errors=True)
+        make_photos(root / "photos", args.n, captions=False)
     nginx, port = start_nginx(root / "nginx", root / "photos")
     try:
         urls = root / "urls.parquet"
@@ -267,7 +281,8 @@ def main() -> None:
             indent=2,
         )
     )
-    shutil.rmtree(root, ignore_errors=True)
+    if not args.root:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

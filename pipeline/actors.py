@@ -16,7 +16,6 @@ import logging
 from typing import Any
 
 import numpy as np
-import ray
 
 from core.config_io import ConfigError
 from stages.base import Stage
@@ -56,6 +55,8 @@ class RemoteEncoder:
         return prepare_images(images, self.transform, self.side)
 
     def encode(self, pixels: np.ndarray, texts: list[str] | None) -> tuple:
+        import ray
+
         actor = self.actors[self.turn % len(self.actors)]
         self.turn += 1
         return ray.get(actor.encode.remote(pixels, texts))
@@ -79,7 +80,14 @@ START_S = 900  # for every actor of a pool to load its model
 
 def start_pools(stages: list[Stage]) -> dict[int, RemoteEncoder]:
     """Start the actor pools the stages ask for; returns an encoder per stage index. A pool
-    that cannot be placed or loaded fails the build in one line, and stops what it started."""
+    that cannot be placed or loaded fails the build in one line, and stops what it started.
+    On the local runtime there are none (it is chosen only when no stage wants a pool)."""
+    from pipeline.raysession import local_pool
+
+    if local_pool() is not None:
+        return {}
+    import ray
+
     cluster_gpus = float(ray.cluster_resources().get("GPU", 0))
     node_gpus = max((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
     encoders: dict[int, RemoteEncoder] = {}
@@ -96,6 +104,8 @@ def start_pools(stages: list[Stage]) -> dict[int, RemoteEncoder]:
 
 
 def check_fits(stage: Stage, gpus: float, count: int, cluster: float, node: float) -> None:
+    import ray
+
     where = f"stages.{stage.index}"
     if gpus > node:
         raise ConfigError(
@@ -114,6 +124,8 @@ def check_fits(stage: Stage, gpus: float, count: int, cluster: float, node: floa
 
 
 def start_pool(stage: Stage, gpus: float, count: int) -> RemoteEncoder:
+    import ray
+
     opts = stage.options
     device = "cuda" if gpus > 0 else "cpu"
     actor_class = ray.remote(ModelActor).options(
@@ -141,6 +153,10 @@ def start_pool(stage: Stage, gpus: float, count: int) -> RemoteEncoder:
 
 
 def stop_pools(encoders: dict[int, RemoteEncoder]) -> None:
+    if not encoders:
+        return
+    import ray
+
     for encoder in encoders.values():
         for actor in encoder.actors:
             ray.kill(actor)

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from core.config_io import ConfigError
 from core.manifest import manifest_document
-from core.mapreduce import LocalRunner, RayRunner, Runner
+from core.mapreduce import LocalRunner, Runner
 from core.redaction import redact, redact_text
 from core.storage import (
     check_reachable,
@@ -42,6 +42,7 @@ from pipeline.groups import ROWS_PER_GROUP, Groups, plan_groups, scan_partitions
 from pipeline.layout import kept_starts, kept_tables, plan_layout, spans_spec
 from pipeline.publish import Publication, publish
 from pipeline.raysession import connect, run_tasks
+from pipeline.raysession import runner as runtime_runner
 from pipeline.report import render_report
 from pipeline.resume import (
     MANIFEST,
@@ -97,7 +98,7 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     parts = stage_sources(parts, work_url, cfg.storage_options, partial(run_tasks, label="staging"))
     timer.run("candidates", phase_a, cfg, stages, parts, work_url, progress)
     groups, schema = signature_groups(cfg, parts, work_url)
-    runner = LocalRunner() if sum(groups.rows) <= IN_PROCESS_ROWS else RayRunner()
+    runner = LocalRunner() if sum(groups.rows) <= IN_PROCESS_ROWS else runtime_runner()
     final = timer.run("decide", decide, groups, stages, runner)
     entries, layout = timer.run("shards", phase_c, cfg, groups, stages, final, runner, progress)
     plan = Publication(
@@ -239,7 +240,7 @@ def signature_groups(
 ) -> tuple[Groups, pa.Schema]:
     """The partitions' signature row counts and columns (footers only), grouped."""
     numbers = [p["part"] for p in parts]
-    rows, schema = scan_partitions(work_url, numbers, cfg.storage_options, RayRunner())
+    rows, schema = scan_partitions(work_url, numbers, cfg.storage_options, runtime_runner())
     members = plan_groups(numbers, rows, GROUP_ROWS)
     counts = dict(zip(numbers, rows, strict=True))
     group_rows = [sum(counts[p] for p in group) for group in members]

@@ -87,8 +87,13 @@ class RayConfig(Strict):
     address: str | None = Field(
         None, description="Cluster address; None uses RAY_ADDRESS, else a local Ray."
     )
-    num_cpus: int | None = Field(None, gt=0, description="CPUs for a local Ray (default: all).")
+    num_cpus: int | None = Field(None, gt=0, description="CPUs: local Ray or pool (default: all).")
     batch_size: int = Field(64, gt=0, description="Samples per stage call inside a task.")
+    runtime: Literal["auto", "ray", "local"] = Field(
+        "auto",
+        description="Where tasks run: Ray, or warm local worker processes (auto: local on one "
+        "machine without a cluster, custom resources or model actor pools).",
+    )
     resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
         default_factory=dict,
         description="Custom Ray resources each partition task asks for, e.g. {ingest: 1}.",

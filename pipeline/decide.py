@@ -189,6 +189,6 @@ def decide_gathered(groups: Groups, round_name: str, senders: list[int], stage: 
 
 def inner_runner() -> Runner:
     """Ray tasks for a stage's own map-reduce when Ray runs (also inside a task), else here."""
-    import ray
+    from pipeline.raysession import ray_running
 
-    return RayRunner() if ray.is_initialized() else LocalRunner()
+    return RayRunner() if ray_running() else LocalRunner()

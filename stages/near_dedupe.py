@@ -29,8 +29,6 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 from pydantic import Field
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import (
@@ -182,6 +180,9 @@ def near_groups(
     a, b = close_pairs(unique, plan, runner, wave_bytes)
     labels = np.arange(len(unique))
     if len(a):  # components over the nodes in pairs only, not a graph of every hash
+        from scipy.sparse import coo_matrix  # here: only the bench groups this way
+        from scipy.sparse.csgraph import connected_components
+
         nodes, index = np.unique(np.concatenate([a, b]), return_inverse=True)
         edges = (np.ones(len(a), np.int8), (index[: len(a)], index[len(a) :]))
         graph = coo_matrix(edges, shape=(len(nodes), len(nodes)))

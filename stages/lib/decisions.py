@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -50,6 +49,8 @@ def split_by(block: pa.Table, route: np.ndarray, partitions: int) -> list[pa.Tab
 
 def route_by_text(block: pa.Table, partitions: int, column: str) -> list[pa.Table]:
     """Rows split by a stable hash of a text column (the same on every machine and run)."""
+    import pandas as pd  # here, not at import: every build imports the stages
+
     values = block[column].to_numpy(zero_copy_only=False)
     route = (pd.util.hash_array(values.astype(object)) % np.uint64(partitions)).astype(np.int64)
     return split_by(block, route, partitions)

@@ -1,0 +1,250 @@
+"""The local runtime: warm worker processes forked from the driver, for builds on one machine.
+
+Forked after the driver has imported the build's modules (stages, PIL, pyarrow), before it has
+started any thread: a worker starts in milliseconds with everything a task needs already
+loaded, where a fresh local Ray costs seconds to start (BENCHMARKS.md, issue 23). The contract
+is Ray's: results in input order, an exception in a task fails the run, and a task whose worker
+process dies is run again on a fresh worker (up to `MAX_RETRIES` times, Ray's `max_retries`),
+so a crashed worker never fails the build.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from core.mapreduce import MapFn, ReduceFn, check_partitions
+
+log = logging.getLogger("mmcurate.localpool")
+
+MAX_RETRIES = 3  # runs of a task after its worker died, as Ray's max_retries
+
+
+class WorkerCrashed(RuntimeError):
+    """A task's worker process died on every try."""
+
+
+def dumps(value: Any) -> bytes:
+    """Plain pickle; closures and lambdas (which Ray ships with cloudpickle) fall back to it."""
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        from ray import cloudpickle
+
+        return cloudpickle.dumps(value)
+
+
+class _Worker:
+    """One worker process and the driver's end of its pipe."""
+
+    def __init__(self, context: Any, others: list[_Worker]) -> None:
+        self.conn, child = context.Pipe()
+        # The child closes every driver-side end it inherits, so each worker sees EOF (and
+        # exits) as soon as the driver is gone, even one killed without a word.
+        inherited = [self.conn, *(w.conn for w in others)]
+        self.process = context.Process(
+            target=_serve, args=(child, inherited), name="mmcurate-worker"
+        )
+        self.process.start()
+        child.close()
+        self.fn_token: int | None = None  # the function this worker holds
+        self.index: int | None = None  # the task it runs
+
+    def stop(self) -> None:
+        try:
+            self.conn.close()
+        finally:
+            if self.process.is_alive():
+                self.process.kill()  # idle or finished: nothing to lose
+            self.process.join(timeout=5)
+
+
+class LocalPool:
+    """`workers` processes forked now; `run(items, fn)` runs fn(item) on them."""
+
+    def __init__(self, workers: int) -> None:
+        self.context = multiprocessing.get_context("fork")
+        self.workers: list[_Worker] = []
+        for _ in range(workers):
+            self.workers.append(_Worker(self.context, self.workers))
+        self.retried = 0  # tasks run again after their worker died
+        self._token = 0
+        atexit.register(self.close)
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.workers = []
+
+    def run(
+        self,
+        items: Sequence[Any],
+        fn: Callable[[Any], Any],
+        done: Callable[[], None] | None = None,
+    ) -> list[Any]:
+        """fn(item) for each item on the workers; results in input order. `done` is called
+        after each task (a progress bar's update)."""
+        self._token += 1
+        token, blob = self._token, dumps(fn)
+        queue = deque(range(len(items)))
+        tries = [0] * len(items)
+        results: list[Any] = [None] * len(items)
+        while queue or self._busy():
+            self._dispatch(queue, items, token, blob)
+            for index, ok, value in self._collect():
+                if ok is None:  # its worker died: run it again on a fresh one
+                    tries[index] += 1
+                    if tries[index] > MAX_RETRIES:
+                        self._stop_busy()
+                        raise WorkerCrashed(f"a task's worker died {tries[index]} times")
+                    self.retried += 1
+                    queue.appendleft(index)
+                    continue
+                if not ok:
+                    self._stop_busy()  # their results belong to this failed run
+                    raise value
+                results[index] = value
+                if done is not None:
+                    done()
+        return results
+
+    def _busy(self) -> list[_Worker]:
+        return [w for w in self.workers if w.index is not None]
+
+    def _dispatch(self, queue: deque, items: Sequence[Any], token: int, blob: bytes) -> None:
+        """Hand queued tasks to idle workers; a worker that died idle is replaced."""
+        for worker in list(self.workers):
+            if worker.index is not None or not queue:
+                continue
+            index = queue.popleft()
+            send = blob if worker.fn_token != token else None
+            try:
+                worker.conn.send_bytes(dumps((token, send, index, items[index])))
+            except OSError:
+                queue.appendleft(index)
+                self._replace(worker)  # the fresh one gets a task on the next pass
+                continue
+            worker.fn_token, worker.index = token, index
+
+    def _collect(self) -> list[tuple[int, bool | None, Any]]:
+        """Wait for at least one busy worker; (index, ok, value) per finished task, ok None
+        when the worker died (it is replaced)."""
+        busy = self._busy()
+        if not busy:
+            return []
+        ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy]))
+        out = []
+        for worker in busy:
+            if worker.conn not in ready and worker.process.sentinel not in ready:
+                continue
+            index, worker.index = worker.index, None
+            try:
+                ok, value = pickle.loads(worker.conn.recv_bytes())
+            except (EOFError, OSError):
+                worker.process.join(timeout=5)
+                log.warning(
+                    "a worker process died (exit %s); its task runs again",
+                    worker.process.exitcode,
+                )
+                self._replace(worker)
+                out.append((index, None, None))
+                continue
+            # Why broad: a result or exception that does not unpickle fails the task, in one line.
+            except Exception as err:  # noqa: BLE001
+                ok, value = False, RuntimeError(f"task result could not be read: {err}")
+            out.append((index, ok, value))
+        return out
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.stop()
+        others = [w for w in self.workers if w is not worker]
+        self.workers[self.workers.index(worker)] = _Worker(self.context, others)
+
+    def _stop_busy(self) -> None:
+        for worker in self._busy():
+            worker.index = None
+            self._replace(worker)
+
+
+def _serve(conn: Connection, inherited: list[Connection]) -> None:
+    """A worker's loop: tasks in, (ok, result or exception) out, until the pipe closes."""
+    for other in inherited:
+        other.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one CPU per task, as Ray's workers
+    fns: dict[int, Callable[[Any], Any]] = {}
+    while True:
+        try:
+            token, blob, index, item = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)  # the driver is gone or done
+        if blob is not None:
+            fns.clear()
+            fns[token] = pickle.loads(blob)
+        try:
+            reply = (True, fns[token](item))
+        # Why broad: any task error goes back to the driver, which raises it (as Ray does).
+        except Exception as err:  # noqa: BLE001
+            err.add_note(f"in a local worker:\n{traceback.format_exc()}")
+            reply = (False, err)
+        try:
+            try:
+                data = dumps(reply)
+            except (pickle.PicklingError, AttributeError, TypeError) as err:
+                data = dumps((False, RuntimeError(f"task result not picklable: {err}")))
+            conn.send_bytes(data)
+        except OSError:
+            os._exit(0)  # the driver is gone
+
+
+class PoolRunner:
+    """`core.mapreduce.Runner` over a LocalPool: what RayRunner does, on the warm workers.
+    Payloads travel through pipes (no object store): meant for builds one machine holds."""
+
+    def __init__(self, pool: LocalPool) -> None:
+        self.pool = pool
+
+    @property
+    def parallelism(self) -> int:
+        return self.pool.size
+
+    def share(self, value: Any) -> Any:
+        return value
+
+    def run(self, fn: Callable[..., Any], calls: Sequence[tuple]) -> list[Any]:
+        return self.pool.run([(fn, call) for call in calls], _call)
+
+    def map_reduce(
+        self, blocks: Sequence[Any], map_fn: MapFn, reduce_fn: ReduceFn, partitions: int
+    ) -> list[Any]:
+        mapped = self.pool.run([(map_fn, block, partitions) for block in blocks], _map)
+        calls = [(reduce_fn, [m[p] for m in mapped]) for p in range(partitions)]
+        return self.pool.run(calls, _reduce)
+
+
+def _call(job: tuple) -> Any:
+    fn, args = job
+    return fn(*args)
+
+
+def _map(job: tuple) -> Sequence[Any]:
+    map_fn, block, partitions = job
+    return check_partitions(map_fn(block), partitions)
+
+
+def _reduce(job: tuple) -> Any:
+    reduce_fn, payloads = job
+    return reduce_fn(payloads)

@@ -1,0 +1,197 @@
+"""The local runtime (warm forked workers): Ray's contract (order, errors, retries after a
+worker dies), the same output bytes as Ray, and which runtime `ray.runtime: auto` picks."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from core.config_io import ConfigError
+from core.mapreduce import LocalRunner
+from pipeline.build import run_build
+from pipeline.config import BuildConfig
+from pipeline.localpool import LocalPool, PoolRunner, WorkerCrashed
+from pipeline.raysession import choose_runtime
+from tests.http_corpus import Corpus, photo_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def fail_on_three(x: int) -> int:
+    if x == 3:
+        raise KeyError("three")
+    return x
+
+
+def die_once(marker: str, x: int) -> int:
+    """Kills its own worker the first time it runs on x == 2 (a crash mid-task)."""
+    if x == 2 and not os.path.exists(marker):
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * 10
+
+
+def always_die(x: int) -> int:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def by_parity(block: list[int]) -> list[list[int]]:
+    return [[v for v in block if v % 2 == 0], [v for v in block if v % 2 == 1]]
+
+
+def total(payloads: list[list[int]]) -> int:
+    return sum(sum(p) for p in payloads)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with_pool = LocalPool(2)
+    yield with_pool
+    with_pool.close()
+
+
+def test_results_in_order_and_errors_raised_as_themselves(pool):
+    assert pool.run(list(range(7)), square) == [x * x for x in range(7)]
+    with pytest.raises(KeyError, match="three"):
+        pool.run(list(range(6)), fail_on_three)
+    assert pool.run([5, 6], square) == [25, 36]  # a failed run leaves no stale results
+
+
+def test_a_dead_worker_is_replaced_and_its_task_rerun(pool, tmp_path):
+    before = pool.retried
+    fn = partial(die_once, str(tmp_path / "died"))
+    assert pool.run(list(range(5)), fn) == [0, 10, 20, 30, 40]
+    assert pool.retried == before + 1
+    assert all(w.process.is_alive() for w in pool.workers)
+    with pytest.raises(WorkerCrashed):
+        pool.run([1], always_die)  # dies on every try: fails after Ray's 3 retries
+
+
+def test_pool_runner_matches_the_in_process_runner(pool):
+    blocks = [[1, 2, 3], [4, 5], [6]]
+    assert PoolRunner(pool).map_reduce(blocks, by_parity, total, 2) == LocalRunner().map_reduce(
+        blocks, by_parity, total, 2
+    )
+    assert PoolRunner(pool).run(pow, [(2, 3), (3, 2)]) == [8, 9]
+    assert PoolRunner(pool).parallelism == 2
+
+
+def config(**ray: object) -> BuildConfig:
+    return BuildConfig.model_validate(
+        {"source": {"kind": "images", "path": "/tmp/in"}, "output": {"path": "/tmp/out"}}
+        | {"ray": ray}
+    )
+
+
+def test_auto_picks_local_on_one_machine_and_ray_for_a_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert choose_runtime(config()) == "local"
+    assert choose_runtime(config(runtime="ray")) == "ray"
+    assert choose_runtime(config(address="ray://head:10001")) == "ray"
+    assert choose_runtime(config(resources={"ingest": 1})) == "ray"
+    pooled = config().model_copy(update={"stages": [{"name": "clip_score", "concurrency": 1}]})
+    assert choose_runtime(pooled) == "ray"  # a model actor pool
+    in_tasks = config().model_copy(update={"stages": [{"name": "clip_score", "num_gpus": 0}]})
+    assert choose_runtime(in_tasks) == "local"  # the model runs inside the tasks
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert choose_runtime(config()) == "ray"
+    with pytest.raises(ConfigError, match="ray.runtime: local, but ray.address"):
+        choose_runtime(config(runtime="local"))
+
+
+def test_auto_keeps_an_initialized_ray(ray_session, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert choose_runtime(config()) == "ray"
+    assert choose_runtime(config(runtime="local")) == "local"  # asked for explicitly
+
+
+@pytest.fixture(scope="module")
+def slow_urls(tmp_path_factory):
+    """12 URLs answered after 0.3 s each; 3 per partition: a build busy for seconds."""
+    server = Corpus().start()
+    server.serve("/img/good", photo_bytes())
+    urls = [f"{server.base}/slow/{i}.jpg" for i in range(12)]
+    path = tmp_path_factory.mktemp("urls") / "urls.parquet"
+    pq.write_table(pa.table({"url": urls, "caption": [f"photo {i}" for i in range(12)]}), path)
+    yield path
+    server.stop()
+
+
+def tree(urls: Path, out: Path, runtime: str) -> dict:
+    return {
+        "source": {"kind": "urls", "path": str(urls), "files_per_task": 3},
+        "stages": [
+            {"name": "download", "allow_private_addresses": True, "threads": 1},
+            {"name": "decode_image", "resize": {"size": 32}},
+        ],
+        "output": {"path": str(out), "shard_max_samples": 10},
+        "ray": {"runtime": runtime, "num_cpus": 2},
+    }
+
+
+def build(urls: Path, out: Path) -> subprocess.Popen:
+    """`mmcurate build` as a user runs it (the CLI prestarts the pool), in the background."""
+    config = out.parent / f"{out.name}.yaml"
+    config.write_text(yaml.safe_dump(tree(urls, out, "auto")))
+    cmd = [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def finished(proc: subprocess.Popen) -> str:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    return err.decode()
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    names = [s["name"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
+    return {n: (out / n).read_bytes() for n in names}
+
+
+def test_local_and_ray_write_the_same_bytes_and_a_killed_worker_loses_nothing(
+    ray_session, slow_urls, tmp_path
+):
+    """A CLI build on the local pool whose worker is killed mid-build, and the same build on
+    the session Ray: the same shard bytes."""
+    local = build(slow_urls, tmp_path / "local")
+    done = tmp_path / "local" / "_work" / "signatures"
+    deadline = time.monotonic() + 120
+    while len(list(done.glob("part-*.parquet"))) < 1:  # the pool is at work
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    victim = children(local.pid)[0]
+    os.kill(victim, signal.SIGKILL)  # by pid, mid-build
+    run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "ray", "ray")), False)
+    log = finished(local)
+    assert "a worker process died" in log
+    local_shards, ray_shards = shard_bytes(tmp_path / "local"), shard_bytes(tmp_path / "ray")
+    assert local_shards == ray_shards and len(local_shards) == 2  # 12 samples, 10 per shard
+    manifests = [json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("local", "ray")]
+    assert manifests[0]["shards"] == manifests[1]["shards"]
+    assert manifests[0]["samples"] == 12
