@@ -62,14 +62,15 @@ def wants_ray(cfg: BuildConfig) -> str | None:
     return None
 
 
-def choose_runtime(cfg: BuildConfig) -> str:
+def choose_runtime(cfg: BuildConfig, in_ray: bool | None = None) -> str:
     """`ray` or `local` for this build (see the module docstring); a `local` that cannot be
-    honoured is a ConfigError."""
+    honoured is a ConfigError. `in_ray`: whether Ray runs in this process (None: look)."""
     reason = wants_ray(cfg)
     if cfg.ray.runtime == "local" and reason is not None:
         raise ConfigError(f"ray.runtime: local, but {reason}; use ray.runtime: ray or auto")
     if cfg.ray.runtime == "auto":
-        return "ray" if reason is not None or ray_running() else "local"
+        running = ray_running() if in_ray is None else in_ray
+        return "ray" if reason is not None or running else "local"
     return cfg.ray.runtime
 
 

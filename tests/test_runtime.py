@@ -98,17 +98,19 @@ def config(**ray: object) -> BuildConfig:
 
 
 def test_auto_picks_local_on_one_machine_and_ray_for_a_cluster(monkeypatch):
+    # in_ray=False: the choice as a fresh `mmcurate build` process makes it, whatever other
+    # tests left running in this one
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert choose_runtime(config()) == "local"
-    assert choose_runtime(config(runtime="ray")) == "ray"
-    assert choose_runtime(config(address="ray://head:10001")) == "ray"
-    assert choose_runtime(config(resources={"ingest": 1})) == "ray"
+    assert choose_runtime(config(), in_ray=False) == "local"
+    assert choose_runtime(config(runtime="ray"), in_ray=False) == "ray"
+    assert choose_runtime(config(address="ray://head:10001"), in_ray=False) == "ray"
+    assert choose_runtime(config(resources={"ingest": 1}), in_ray=False) == "ray"
     pooled = config().model_copy(update={"stages": [{"name": "clip_score", "concurrency": 1}]})
-    assert choose_runtime(pooled) == "ray"  # a model actor pool
+    assert choose_runtime(pooled, in_ray=False) == "ray"  # a model actor pool
     in_tasks = config().model_copy(update={"stages": [{"name": "clip_score", "num_gpus": 0}]})
-    assert choose_runtime(in_tasks) == "local"  # the model runs inside the tasks
+    assert choose_runtime(in_tasks, in_ray=False) == "local"  # the model runs inside the tasks
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert choose_runtime(config()) == "ray"
+    assert choose_runtime(config(), in_ray=False) == "ray"
     with pytest.raises(ConfigError, match="ray.runtime: local, but ray.address"):
         choose_runtime(config(runtime="local"))
 
