@@ -11,6 +11,7 @@ from core.mapreduce import Runner
 from core.storage import write_parquet
 from pipeline.groups import FATE_COLUMNS, Groups, read_fate, read_group, read_parquet, write_fate
 from stages.base import DROP, DROP_STAGE
+from stages.lib.decisions import split_by
 
 ROW_ID = ["__key__", "__part__", "__index__"]
 
@@ -40,12 +41,12 @@ def write_decisions(groups: Groups, round_name: str, source: int, decisions: pa.
     firsts = np.array([parts[0] for parts in groups.parts])
     group_of = np.searchsorted(firsts, decisions["__part__"].to_numpy(), side="right") - 1
     written = []
-    for group in np.unique(group_of):
-        rows = decisions.filter(pa.array(group_of == group))
-        write_parquet(
-            rows, decision_url(groups, round_name, source, int(group)), groups.storage_options
-        )
-        written.append(int(group))
+    # One sort splits every group's rows (a filter per group would scan them all each time).
+    for group, rows in enumerate(split_by(decisions, group_of, groups.count)):
+        if rows.num_rows:
+            url = decision_url(groups, round_name, source, group)
+            write_parquet(rows, url, groups.storage_options)
+            written.append(group)
     return written
 
 
