@@ -8,10 +8,11 @@ import io
 import os
 import random
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import IO, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -119,6 +120,28 @@ def put_file_atomic(fs: Any, local_path: str, path: str) -> None:
         os.replace(tmp, path)
     else:
         with_retries(lambda: fs.put_file(local_path, path))
+
+
+@contextlib.contextmanager
+def open_atomic(fs: Any, path: str) -> Iterator[IO[bytes]]:
+    """A file to write `path` through, published whole when the block ends (nothing if it
+    raises). On file systems it is a temporary name beside `path`, renamed (no second copy);
+    on object stores a local temporary file, uploaded in one PUT."""
+    if is_local(fs):
+        fs.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as out:
+                yield out
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)  # only when the block raised: a renamed file is gone
+        return
+    with tempfile.NamedTemporaryFile(prefix="mmcurate-up-") as out:
+        yield out
+        out.flush()
+        with_retries(lambda: fs.put_file(out.name, path))
 
 
 def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:

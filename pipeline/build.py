@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ from core.storage import (
     check_reachable,
     filesystem,
     join,
-    put_file_atomic,
+    open_atomic,
     write_bytes_atomic,
     write_parquet,
 )
@@ -218,11 +217,8 @@ def run_chain(chunks: Iterator[dict], stages: list[Stage]) -> Iterator[dict]:
 def write_candidate(samples: list[dict], url: str, cfg: BuildConfig) -> list[tuple[int, int]]:
     """The partition's live samples as one tar; returns each sample's byte span in it."""
     fs, path = filesystem(url, cfg.storage_options)
-    with tempfile.NamedTemporaryFile(prefix="mmcurate-cand-", suffix=".tar") as tmp:
-        spans = write_tar(samples, tmp)
-        tmp.flush()
-        put_file_atomic(fs, tmp.name, path)
-    return spans
+    with open_atomic(fs, path) as out:
+        return write_tar(samples, out)
 
 
 def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) -> None:

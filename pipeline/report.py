@@ -3,10 +3,12 @@
 Sections: the funnel (samples after each stage) and drops by reason; the language mix (when
 language_filter ran: samples per detected language, kept and dropped); the CLIP score
 histogram with its threshold; duplicate groups (kept beside dropped); kept samples; samples
-each filter dropped; shard sizes; worker seconds per stage. Plots are matplotlib PNGs,
-thumbnails small JPEGs, both as data URIs. Images of dropped samples come from the source
-files when the source is a folder (they are not in the shards); URL sources show captions.
-Thumbnails of kept samples come from the first shards, reading at most `SCAN_BYTES`.
+each filter dropped; shard sizes; worker seconds per stage. Charts are inline SVG
+(pipeline/report_charts.py), thumbnails small JPEGs as data URIs. Images of dropped samples
+come from the source files when the source is a folder (they are not in the shards); URL
+sources show captions.
+Thumbnails of kept samples come from the first shards, read only until the grid's samples and
+the shown duplicate groups' kept ones are found (at most `SCAN_BYTES`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from PIL import Image
 
 from core.storage import filesystem, join, write_bytes_atomic
 from core.tario import iter_tar_samples
+from pipeline.report_charts import bar_chart, histogram
 from stages.base import IMAGE_COLUMNS
 
 SCAN_BYTES = 64 << 20
 THUMB = 128
-REPORT_ROWS = 200_000  # the first signature group's first rows: what the plots are drawn from
+KEPT_GRID = 24  # kept samples shown
+DUPLICATE_GROUPS = 8  # duplicate groups shown
+REPORT_ROWS = 200_000  # the first signature group's first rows: what the charts are drawn from
 DUPLICATE_REASONS = ("duplicate_exact", "duplicate_near", "duplicate_semantic")
 
 
@@ -42,14 +47,15 @@ def render_report(
     stats = json.loads(fs.cat_file(join(root, "stats.json")))
     with fs.open(join(root, "signatures", "part-000000.parquet"), "rb") as f:
         rows = pq.read_table(f).slice(0, REPORT_ROWS).to_pylist()  # a sample of big builds
-    kept = kept_samples(fs, root, manifest)
+    keepers = duplicate_groups(rows)
+    kept = kept_samples(fs, root, manifest, set(keepers))
     source_fs, _ = filesystem(source or manifest["config"]["source"]["path"], storage_options)
     sections = [
         summary(output, manifest, stats),
         funnel(stats),
         language_mix(rows),
         scores(rows, manifest),
-        duplicates(source_fs, rows, kept),
+        duplicates(source_fs, keepers, kept),
         kept_grid(kept),
         dropped_grids(source_fs, rows),
         shard_sizes(manifest),
@@ -64,21 +70,40 @@ def render_report(
 # ---- data ----------------------------------------------------------------------------------
 
 
-def kept_samples(fs: Any, root: str, manifest: dict) -> dict[str, dict]:
-    """key -> {image, txt} for the samples of the first shards (at most SCAN_BYTES read)."""
+def kept_samples(fs: Any, root: str, manifest: dict, wanted: set[str]) -> dict[str, dict]:
+    """key -> {image, txt, first}: the first `KEPT_GRID` samples of the shards (`first` True)
+    and the `wanted` keys, reading shards in order only until enough are found (a build with
+    no duplicates reads a few samples, not `SCAN_BYTES`)."""
     found: dict[str, dict] = {}
-    budget = SCAN_BYTES
+    budget, first = SCAN_BYTES, 0
     for shard in manifest["shards"]:
-        if budget <= 0:
+        if budget <= 0 or enough(found, wanted, first):
             break
         budget -= shard["bytes"]
         with fs.open(join(root, shard["name"]), "rb") as f:
             for sample in iter_tar_samples(f):
-                image = picture(sample)
-                if image is not None:
+                key, image = sample["__key__"], picture(sample)
+                if image is not None and (first < KEPT_GRID or key in wanted):
                     text = (sample.get("txt") or b"").decode("utf-8", "replace")
-                    found[sample["__key__"]] = {"image": image, "txt": text}
+                    found[key] = {"image": image, "txt": text, "first": first < KEPT_GRID}
+                    first += 1 if first < KEPT_GRID else 0
+                if enough(found, wanted, first):
+                    break
     return found
+
+
+def enough(found: dict[str, dict], wanted: set[str], first: int) -> bool:
+    """The grid is full and as many duplicate groups' kept samples are found as are shown."""
+    return first >= KEPT_GRID and len(wanted & found.keys()) >= min(len(wanted), DUPLICATE_GROUPS)
+
+
+def duplicate_groups(rows: list[dict]) -> dict[str, list[dict]]:
+    """Kept key -> the rows dropped as its duplicates."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row.get("drop_reason") in DUPLICATE_REASONS and row.get("duplicate_of"):
+            groups[row["duplicate_of"]].append(row)
+    return groups
 
 
 def picture(sample: dict) -> bytes | None:
@@ -107,6 +132,7 @@ def thumb(data: bytes | None, caption: str = "", note: str = "") -> str:
     if data:
         try:
             with Image.open(io.BytesIO(data)) as image:
+                image.draft("RGB", (THUMB, THUMB))  # JPEGs decode at a reduced scale
                 image = image.convert("RGB")
                 image.thumbnail((THUMB, THUMB))
                 out = io.BytesIO()
@@ -118,23 +144,6 @@ def thumb(data: bytes | None, caption: str = "", note: str = "") -> str:
     label = html.escape(caption[:80])
     tag = f"<b>{html.escape(note)}</b><br>" if note else ""
     return f"<figure>{img}<figcaption>{tag}{label}</figcaption></figure>"
-
-
-def plot(draw: Any) -> str:
-    """Run `draw(ax)` on a fresh figure; the PNG as an <img>."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
-    draw(ax)
-    fig.tight_layout()
-    out = io.BytesIO()
-    fig.savefig(out, format="png")
-    plt.close(fig)
-    data = base64.b64encode(out.getvalue()).decode()
-    return f'<img class="plot" src="data:image/png;base64,{data}">'
 
 
 def summary(output: str, manifest: dict, stats: dict) -> str:
@@ -153,12 +162,7 @@ def summary(output: str, manifest: dict, stats: dict) -> str:
 
 def funnel(stats: dict) -> str:
     stages = stats["stages"]
-    chart = plot(
-        lambda ax: (
-            ax.barh([s["name"] for s in stages][::-1], [s["out"] for s in stages][::-1]),
-            ax.set_xlabel("samples after the stage"),
-        )
-    )
+    chart = bar_chart([s["name"] for s in stages], [s["out"] for s in stages], "samples after it")
     rows = "".join(
         f"<tr><td>{s['name']}</td><td>{s['in']}</td><td>{s['out']}</td>"
         f"<td>{html.escape(drops_text(s['dropped']))}</td></tr>"
@@ -201,26 +205,16 @@ def scores(rows: list[dict], manifest: dict) -> str:
         return ""
     stage = next((s for s in manifest["config"]["stages"] if s["name"] == "clip_score"), {})
     threshold = stage.get("min_score")
-
-    def draw(ax: Any) -> None:
-        ax.hist(values, bins=40)
-        if threshold is not None:
-            ax.axvline(threshold, color="red", label=f"min_score {threshold}")
-            ax.legend()
-        ax.set_xlabel("CLIP score")
-
-    return f"<h2>CLIP scores</h2>{plot(draw)}"
+    marker = None if threshold is None else (float(threshold), f"min_score {threshold}")
+    return f"<h2>CLIP scores</h2>{histogram(values, 40, 'CLIP score', marker)}"
 
 
-def duplicates(fs: Any, rows: list[dict], kept: dict[str, dict]) -> str:
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        if row.get("drop_reason") in DUPLICATE_REASONS and row.get("duplicate_of") in kept:
-            groups[row["duplicate_of"]].append(row)
-    if not groups:
+def duplicates(fs: Any, groups: dict[str, list[dict]], kept: dict[str, dict]) -> str:
+    shown = sorted((k, members) for k, members in groups.items() if k in kept)
+    if not shown:
         return ""
     blocks = []
-    for keeper, members in sorted(groups.items())[:8]:
+    for keeper, members in shown[:DUPLICATE_GROUPS]:
         cells = [thumb(kept[keeper]["image"], keeper, "kept")]
         cells += [
             thumb(source_picture(fs, r), r["key"], r["drop_reason"].removeprefix("duplicate_"))
@@ -231,7 +225,7 @@ def duplicates(fs: Any, rows: list[dict], kept: dict[str, dict]) -> str:
 
 
 def kept_grid(kept: dict[str, dict]) -> str:
-    cells = [thumb(v["image"], v["txt"]) for _, v in sorted(kept.items())[:24]]
+    cells = [thumb(v["image"], v["txt"]) for v in kept.values() if v["first"]]
     return f'<h2>Kept samples</h2><div class="grid">{"".join(cells)}</div>' if cells else ""
 
 
@@ -251,12 +245,8 @@ def dropped_grids(fs: Any, rows: list[dict]) -> str:
 
 def shard_sizes(manifest: dict) -> str:
     sizes = [s["bytes"] / 1e6 for s in manifest["shards"]]
-
-    def draw(ax: Any) -> None:
-        ax.hist(sizes, bins=min(30, max(5, len(sizes))))
-        ax.set_xlabel("shard size (MB)")
-
-    return f"<h2>Shard sizes</h2>{plot(draw)}"
+    chart = histogram(sizes, min(30, max(5, len(sizes))), "shard size (MB)")
+    return f"<h2>Shard sizes</h2>{chart}"
 
 
 def stage_time(stats: dict) -> str:
@@ -264,12 +254,8 @@ def stage_time(stats: dict) -> str:
     if not timed:
         return ""
     rates = [s["in"] / s["seconds"] for s in timed]
-
-    def draw(ax: Any) -> None:
-        ax.barh([s["name"] for s in timed][::-1], rates[::-1])
-        ax.set_xlabel("samples per worker-second")
-
-    return f"<h2>Throughput per stage</h2>{plot(draw)}"
+    chart = bar_chart([s["name"] for s in timed], rates, "samples per worker-second")
+    return f"<h2>Throughput per stage</h2>{chart}"
 
 
 PAGE = """<!doctype html>
@@ -282,7 +268,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; }}
 figure {{ margin: 0; width: 132px; font-size: 11px; }}
 figure img {{ max-width: 128px; max-height: 128px; }}
 .missing {{ width: 128px; height: 96px; background: #eee; color: #777; }}
-img.plot {{ max-width: 100%; }}
+svg.plot {{ max-width: 100%; height: auto; display: block; margin: 0.5em 0; }}
 </style></head>
 <body><h1>mmcurate build report</h1>
 {body}

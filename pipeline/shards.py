@@ -16,15 +16,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import tempfile
 from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.mapreduce import Runner
-from core.storage import filesystem, join, put_file_atomic, with_retries, write_parquet
+from core.storage import filesystem, join, open_atomic, with_retries, write_parquet
 from stages.base import sample_meta
 
 TAR_END_BYTES = 1024  # two zero blocks close a tar
@@ -119,22 +117,35 @@ def metadata_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_shard(spec: dict, candidates_url: str, output_url: str, storage_options: dict) -> dict:
-    """Write one final shard atomically; returns its manifest entry. The metadata parquet
-    takes its columns from `spec["fields"]` (the build's one schema, plan_metadata_fields);
-    without it, from this shard's own rows."""
-    with tempfile.TemporaryDirectory(prefix="mmcurate-shard-") as tmp:
-        local = os.path.join(tmp, spec["name"])
-        with open(local, "wb") as out:
-            copy_spans(candidates_url, spec, storage_options, out)
-            out.write(b"\0" * TAR_END_BYTES)
-        digest = file_sha256(local)
-        size = os.path.getsize(local)
-        fs, path = filesystem(join(output_url, spec["name"]), storage_options)
-        put_file_atomic(fs, local, path)
-        metadata = spec_metadata(candidates_url, spec, storage_options)
-        meta_url = join(output_url, spec["name"].removesuffix(".tar") + ".parquet")
-        write_parquet(metadata_table(metadata, spec.get("fields")), meta_url, storage_options)
-    return {"name": spec["name"], "samples": spec["samples"], "bytes": size, "sha256": digest}
+    """Write one final shard atomically; returns its manifest entry. The bytes are hashed as
+    they are written (one pass). The metadata parquet takes its columns from `spec["fields"]`
+    (the build's one schema, plan_metadata_fields); without it, from this shard's own rows."""
+    fs, path = filesystem(join(output_url, spec["name"]), storage_options)
+    with open_atomic(fs, path) as target:
+        out = HashingWriter(target)
+        copy_spans(candidates_url, spec, storage_options, out)
+        out.write(b"\0" * TAR_END_BYTES)
+    metadata = spec_metadata(candidates_url, spec, storage_options)
+    meta_url = join(output_url, spec["name"].removesuffix(".tar") + ".parquet")
+    write_parquet(metadata_table(metadata, spec.get("fields")), meta_url, storage_options)
+    return {
+        "name": spec["name"],
+        "samples": spec["samples"],
+        "bytes": out.size,
+        "sha256": out.digest.hexdigest(),
+    }
+
+
+class HashingWriter:
+    """Writes through to a file, keeping the sha256 and size of what went through."""
+
+    def __init__(self, target: IO[bytes]) -> None:
+        self.target, self.digest, self.size = target, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.target.write(data)
 
 
 # ---- one metadata schema for all shards of a build ---------------------------------------
@@ -228,11 +239,3 @@ def metadata_column(values: list[Any], kind: str) -> pa.Array:
     if kind == "json":
         values = [None if v is None else json.dumps(v, ensure_ascii=False) for v in values]
     return pa.array(values, ARROW_TYPES[kind])
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as src:
-        for block in iter(lambda: src.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -2,28 +2,49 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from pydantic import ValidationError
 
-import stages.caption_filter  # noqa: F401  (registers)
-import stages.clip_score  # noqa: F401
-import stages.clip_split  # noqa: F401
-import stages.decode_image  # noqa: F401
-import stages.download  # noqa: F401
-import stages.exact_dedupe  # noqa: F401
-import stages.language_filter  # noqa: F401
-import stages.metadata_filter  # noqa: F401
-import stages.near_dedupe  # noqa: F401
-import stages.semantic_dedupe  # noqa: F401
-import stages.video_frames  # noqa: F401
 from core.config_io import ConfigError, describe_validation_error
 from stages.base import _REGISTRY, Stage, label_stages
-from stages.semantic_dedupe import SemanticDedupe
+
+# Each stage's module, imported only when a config names the stage: a build imports what it
+# runs (PyAV, pandas, scipy, open_clip stay out of builds that do not use them).
+STAGE_MODULES = {
+    name: f"stages.{name}"
+    for name in (
+        "caption_filter",
+        "clip_score",
+        "clip_split",
+        "decode_image",
+        "download",
+        "exact_dedupe",
+        "language_filter",
+        "metadata_filter",
+        "near_dedupe",
+        "semantic_dedupe",
+        "video_frames",
+    )
+}
 
 
 def known_stages() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(STAGE_MODULES)
+
+
+def stage_class(name: str) -> type[Stage] | None:
+    """The stage class registered under `name` (its module imported now), or None."""
+    if name not in STAGE_MODULES:
+        return None
+    importlib.import_module(STAGE_MODULES[name])
+    return _REGISTRY[name]
+
+
+def all_stages() -> dict[str, type[Stage]]:
+    """Every stage class by name (imports every stage module: for docs and tests)."""
+    return {name: stage_class(name) for name in known_stages()}  # type: ignore[misc]
 
 
 def build_stage(spec: dict[str, Any], index: int = 0) -> Stage:
@@ -32,7 +53,7 @@ def build_stage(spec: dict[str, Any], index: int = 0) -> Stage:
     if not isinstance(spec, dict) or "name" not in spec:
         raise ConfigError(f"{where}: each stage needs a 'name'")
     name = spec["name"]
-    cls = _REGISTRY.get(name)
+    cls = stage_class(name) if isinstance(name, str) else None
     if cls is None:
         raise ConfigError(
             f"{where}.name: unknown stage {name!r} (known: {', '.join(known_stages())})"
@@ -63,6 +84,6 @@ def build_stages(specs: list[dict[str, Any]]) -> list[Stage]:
     stages = label_stages([build_stage(spec, i) for i, spec in enumerate(specs)])
     ordered = stage_order(stages)
     for at, stage in enumerate(ordered):
-        if isinstance(stage, SemanticDedupe):
+        if stage.name == "semantic_dedupe":  # by name: its module is imported only when used
             stage.embeddings_given = any("embedding" in s.produces for s in ordered[:at])
     return stages

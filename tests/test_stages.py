@@ -223,3 +223,29 @@ def test_decode_image_side_limits():
 def test_download_without_url_is_no_url():
     stage = build_stage({"name": "download"})  # an images source has no url column
     assert stage(batch_of([jpeg()]))[DROP] == ["no_url"]
+
+
+def test_each_stage_module_registers_its_own_name_and_a_build_imports_only_its_stages():
+    """The registry imports a stage's module when a config names it: every name maps to a
+    module registering exactly that stage, and loading a config that runs decode_image alone
+    imports none of the other stages (nor PyAV)."""
+    import json
+    import subprocess
+    import sys
+
+    from stages.registry import STAGE_MODULES, all_stages
+
+    classes = all_stages()
+    assert sorted(classes) == sorted(STAGE_MODULES)
+    assert all(cls.name == name for name, cls in classes.items())
+    script = (
+        "import json, sys; from pipeline.config import BuildConfig; "
+        "BuildConfig.model_validate({'source': {'kind': 'images', 'path': '/nowhere'}, "
+        "'stages': [{'name': 'decode_image'}], 'output': {'path': '/nowhere-out'}}); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('stages.') or m == 'av')))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    stage_modules = [m for m in loaded if m in STAGE_MODULES.values()]
+    assert stage_modules == ["stages.decode_image"] and "av" not in loaded
