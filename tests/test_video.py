@@ -24,7 +24,7 @@ from pipeline.video_data import (
     truncated,
 )
 from stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
-from stages.lib.video_decode import plan_indices, sample_video
+from stages.lib.video_decode import plan_indices, sample_video, to_jpeg
 from stages.registry import build_stage
 from trainer.config import TrainConfig
 from trainer.data import ImageTransform, ShardDataset
@@ -356,3 +356,20 @@ def test_samples_without_media_or_clips_get_named_reasons():
     for stage in ("exact_dedupe", "near_dedupe"):
         out = build_stage({"name": stage})({k: list(v) for k, v in video_only.items()})
         assert out["__drop__"] == ["no_image"]
+
+
+def test_frames_are_cropped_to_the_centre_and_shrunk_by_area_never_enlarged():
+    """A frame with a bright centre square: cropped and resized it stays bright; the sizes
+    follow the short side; a small frame keeps its size."""
+    frame = np.zeros((360, 640, 3), np.uint8)
+    frame[:, 140:500] = 200  # the centre square of a 640x360 frame
+    square = Image.open(io.BytesIO(to_jpeg(frame, 224, True, 95)))
+    assert square.size == (224, 224)
+    pixels = np.asarray(square, dtype=np.float64)
+    assert pixels.mean() > 190 and pixels[:, :4].mean() > 150 and pixels[:, -4:].mean() > 150
+    assert Image.open(io.BytesIO(to_jpeg(frame, 224, False, 95))).size == (398, 224)
+    small = np.full((90, 120, 3), 50, np.uint8)
+    assert Image.open(io.BytesIO(to_jpeg(small, 224, False, 95))).size == (120, 90)
+    assert Image.open(io.BytesIO(to_jpeg(small, 224, True, 95))).size == (90, 90)
+    odd = np.full((143, 251, 3), 80, np.uint8)
+    assert Image.open(io.BytesIO(to_jpeg(odd, 64, True, 95))).size == (64, 64)
