@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 import duckdb
 import pyarrow as pa
@@ -12,6 +14,7 @@ import pytest
 
 from core.mapreduce import LocalRunner
 from pipeline.shards import (
+    HashingWriter,
     merge_kind,
     metadata_name,
     metadata_row,
@@ -114,3 +117,13 @@ def test_fields_are_planned_from_every_partitions_candidates(tmp_path):
         "key": "k",
         "caption": "c",
     }
+
+
+def test_hashing_writer_hashes_exactly_the_bytes_written_in_order(tmp_path):
+    blocks = [os.urandom(n) for n in (0, 1, 5000, 3 << 20, 17, 1 << 20)]
+    with open(tmp_path / "f", "wb") as target, HashingWriter(target) as out:
+        for block in blocks:
+            out.write(block)
+    written = (tmp_path / "f").read_bytes()
+    assert written == b"".join(blocks) and out.size == len(written)
+    assert out.sha256 == hashlib.sha256(written).hexdigest()
