@@ -81,8 +81,17 @@ def prestart(cfg: BuildConfig) -> str:
     if kind == "local" and not _POOL:
         from pipeline.localpool import LocalPool
 
+        warm_imports()
         _POOL.append(LocalPool(cfg.ray.num_cpus or os.cpu_count() or 1))
     return kind
+
+
+def warm_imports() -> None:
+    """What every task imports, loaded once before the workers fork (they inherit it):
+    pyarrow loads pandas (~0.25 s) on its first array, in every process that makes one."""
+    import pyarrow as pa
+
+    pa.array([0])
 
 
 def connect(cfg: RayConfig) -> None:
