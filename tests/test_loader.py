@@ -243,21 +243,72 @@ def test_an_endless_stream_without_a_full_batch_is_refused(tmp_path, tiny_transf
 
 
 def test_transform_split_matches_open_clip_preprocess(tiny_transform):
-    """Bytes -> uint8 in the workers, finish() on the device: open_clip's transform with the
-    same random crop, resized by torch's uint8 kernels instead of PIL's."""
+    """Bytes -> uint8 in the workers, finish() on the device: open_clip's transform on the
+    same crop box, resized by torch's uint8 kernels instead of PIL's."""
     from skimage import data as skdata
+    from torchvision.transforms import Compose
+    from torchvision.transforms.functional import resized_crop
+
+    from trainer.transform import crop_box
 
     transform, _ = tiny_transform
+    crop, *rest = transform.full.transforms
     buf = io.BytesIO()
     Image.fromarray(skdata.astronaut()).resize((300, 260)).save(buf, "JPEG", quality=90)
+    image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
     for seed in range(5):
         torch.manual_seed(seed)
         ours = transform.finish(transform(buf.getvalue()).unsqueeze(0))[0]
-        torch.manual_seed(seed)
-        theirs = transform.full(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
+        torch.manual_seed(seed)  # the box the worker drew
+        box = crop_box(image.height, image.width, crop.scale, crop.ratio)
+        cropped = resized_crop(image, *box, crop.size, crop.interpolation, antialias=True)
+        theirs = Compose(rest)(cropped)
         assert ours.dtype == torch.float32 and ours.shape == theirs.shape
         levels = ((ours - theirs) * transform.std * 255).abs()  # in 8-bit steps
         assert levels.mean() < 1.0 and levels.max() < 40, (levels.mean(), levels.max())
+
+
+@pytest.mark.parametrize("height,width", [(256, 309), (260, 300), (256, 384), (900, 200)])
+def test_crop_boxes_are_drawn_as_torchvision_random_resized_crop_draws_them(height, width):
+    """crop_box (one draw from torch's generator per image instead of up to 42) follows
+    RandomResizedCrop.get_params: the same box statistics over 2,000 draws, the same central
+    crop where every try misses (3:2 and tall images at open_clip's scale 0.9-1), boxes
+    inside the image, the same boxes again from the same seed."""
+    from torchvision.transforms import RandomResizedCrop
+
+    from trainer.transform import crop_box
+
+    scale, ratio = (0.9, 1.0), (3 / 4, 4 / 3)
+    image = torch.zeros(3, height, width, dtype=torch.uint8)
+    torch.manual_seed(0)
+    boxes = [RandomResizedCrop.get_params(image, scale, ratio) for _ in range(2000)]
+    theirs = torch.tensor(boxes, dtype=torch.float64)
+    ours = torch.tensor([crop_box(height, width, scale, ratio) for _ in range(2000)]).double()
+    assert (ours >= 0).all() and (ours[:, 2:] > 0).all()
+    assert (ours[:, 0] + ours[:, 2] <= height).all() and (ours[:, 1] + ours[:, 3] <= width).all()
+    assert torch.allclose(ours.mean(0), theirs.mean(0), atol=1.0), (ours.mean(0), theirs.mean(0))
+    assert torch.allclose(ours.std(0), theirs.std(0), atol=1.0), (ours.std(0), theirs.std(0))
+    torch.manual_seed(1)
+    first = [crop_box(height, width, scale, ratio) for _ in range(5)]
+    torch.manual_seed(1)
+    assert [crop_box(height, width, scale, ratio) for _ in range(5)] == first
+
+
+def test_images_written_into_their_rows_equal_the_stacked_batch(tiny_transform):
+    """What the decode threads do with a ring slot (each image into its row, normalized there
+    for CPU training) gives the very batch stacking and finishing the whole batch gives;
+    an image that does not fit its row is left as it is."""
+    transform, _ = tiny_transform
+    images = [torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8) for _ in range(4)]
+    stacked = torch.stack(images)
+    for finish, dtype in ((True, torch.float32), (False, torch.uint8)):
+        slot = torch.empty((4, 3, 64, 64), dtype=dtype)
+        rows = list(slot)
+        assert all(transform.place(i, r, finish) is r for i, r in zip(images, rows, strict=True))
+        assert torch.equal(slot, transform.finish(stacked) if finish else stacked)
+        assert transform.place(rows[0], rows[0], finish) is rows[0]  # already there
+    small = torch.zeros((3, 8, 8), dtype=torch.uint8)
+    assert transform.place(small, torch.empty((3, 64, 64)), True) is small
 
 
 def run_torchrun(config: Path, world: int, *overrides: str) -> subprocess.CompletedProcess:

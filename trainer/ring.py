@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
+from torch.utils.data import DataLoader
 
 from core.storage import release_sessions
 from trainer.batch import Batch, NoData
@@ -264,3 +265,23 @@ def batch_priority(_worker: int = 0) -> None:
     thread with two busy workers on 2 cores, 0.5 ms with this)."""
     with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
+class Batches:
+    """A DataLoader whose iterators can be closed (which stops its workers) like a
+    RingLoader's."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.loader.num_workers:
+            release_sessions()  # none of this process's storage sessions go into the workers
+        return closable(iter(self.loader))
+
+
+def closable(items: Iterator[Batch | NoData]) -> Iterator[Batch]:
+    for item in items:
+        if isinstance(item, NoData):
+            raise NoUsableData(item.message)
+        yield item
