@@ -147,11 +147,8 @@ def open_atomic(fs: Any, path: str) -> Iterator[IO[bytes]]:
 def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:
     """Write a small object atomically (manifest, stats, markers)."""
     if is_local(fs):
-        fs.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as out:
+        with open_atomic(fs, path) as out:
             out.write(data)
-        os.replace(tmp, path)
     else:
         with_retries(lambda: fs.pipe_file(path, data))
 
