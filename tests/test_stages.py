@@ -155,6 +155,8 @@ def test_exact_dedupe_keeps_smallest_key_per_hash():
     "spec,message",
     [
         ({"name": "nope"}, "stages.0.name: unknown stage 'nope'"),
+        ({"name": ["decode_image"]}, "stages.0.name: unknown stage ['decode_image']"),
+        ({"name": "__init__"}, "stages.0.name: unknown stage '__init__'"),
         ({"name": "decode_image", "colour": 1}, "stages.0.colour: unknown key"),
         ({"name": "decode_image", "resize": {"mode": "fit"}}, "stages.0.resize.mode:"),
         ({"name": "decode_image", "quality": 0}, "stages.0.quality:"),
