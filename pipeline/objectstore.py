@@ -198,10 +198,10 @@ class LocalS3:
                 return self
             except BaseException as err:
                 self.stop()
-                # A port taken between picking and binding is worth another try.
+                # A port taken between picking and binding, or a server that never took
+                # its first write, is worth a fresh start.
                 if isinstance(err, ObjectStoreError) and attempt + 1 < attempts:
-                    if "address already in use" in str(err):
-                        continue
+                    continue
                 raise
         raise AssertionError("unreachable")
 
@@ -287,11 +287,36 @@ class LocalS3:
         while True:
             try:
                 self.filesystem().ls("")
-                return
+                break
             except (OSError, ValueError) as err:  # s3fs maps S3 errors to OSError subclasses
                 last_error = err
             self._check_alive_before(deadline, last_error)
             time.sleep(0.1)
+        self._wait_writable(deadline)
+
+    def _wait_writable(self, deadline: float) -> None:
+        # A listing is served by the filer alone. A write also needs the volume server known
+        # to the master (a new bucket grows volumes of its own); in CI the suite's first PUT
+        # once hung past botocore's read timeout on all five attempts. One small write, with
+        # short timeouts and retried here, proves the whole path before anyone relies on it.
+        fs = self._probe_filesystem()
+        last_error: Exception | None = None
+        while True:
+            try:
+                _write_and_remove_probe(fs)
+                return
+            except Exception as err:  # noqa: BLE001 - botocore timeouts are not OSErrors
+                last_error = err
+            self._check_alive_before(deadline, last_error, what="did not take a first write")
+            time.sleep(0.2)
+
+    def _probe_filesystem(self) -> Any:
+        import fsspec
+
+        config = {"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}}
+        return fsspec.filesystem(
+            "s3", skip_instance_cache=True, config_kwargs=config, **self.storage_options
+        )
 
     def _http_answers(self) -> bool:
         # Straight to loopback: a user's HTTP(S)_PROXY must not see (or break) this probe.
@@ -304,12 +329,17 @@ class LocalS3:
             return False
         return True
 
-    def _check_alive_before(self, deadline: float, last_error: Exception | None = None) -> None:
+    def _check_alive_before(
+        self,
+        deadline: float,
+        last_error: Exception | None = None,
+        what: str = "did not answer in time",
+    ) -> None:
         assert self.process is not None
         code = self.process.poll()
         if code is None and time.monotonic() < deadline:
             return
-        reason = f"exited with code {code}" if code is not None else "did not answer in time"
+        reason = f"exited with code {code}" if code is not None else what
         if last_error is not None:
             reason += f" (last error: {last_error!r})"
         self._log_file.flush()
@@ -326,6 +356,22 @@ class LocalS3:
                     sock = Path(f"/tmp/seaweedfs-{kind}-{number}.sock")
                     if sock.is_socket():
                         sock.unlink(missing_ok=True)
+
+
+_PROBE_BUCKET = "mmcurate-ready-probe"
+
+
+def _write_and_remove_probe(fs: Any) -> None:
+    """Create a bucket, write, read back and delete one object, then drop the bucket."""
+    try:
+        fs.mkdir(_PROBE_BUCKET)
+    except FileExistsError:  # left by a start on the same data dir that stopped half-way
+        pass
+    fs.pipe(f"{_PROBE_BUCKET}/ready", b"ready")
+    if fs.cat(f"{_PROBE_BUCKET}/ready") != b"ready":
+        raise ObjectStoreError("the readiness probe read back other bytes than it wrote")
+    fs.rm(f"{_PROBE_BUCKET}/ready")
+    fs.rmdir(_PROBE_BUCKET)
 
 
 def _terminate(proc: subprocess.Popen, timeout_s: float) -> None:

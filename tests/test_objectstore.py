@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from pipeline.objectstore import LocalS3, ObjectStoreError
+from pipeline.objectstore import LOOPBACK_PROXY, LocalS3, ObjectStoreError
 
 
 def _pid_alive(pid: int) -> bool:
@@ -79,6 +79,28 @@ def test_timeout_error_names_the_log(tmp_path):
     with pytest.raises(ObjectStoreError, match="weed.log"):
         server.start()
     assert server.process is None
+
+
+def test_a_server_that_never_takes_a_write_is_not_ready(tmp_path):
+    """Readiness is a real write, not a listing: with writes unreachable the start fails in
+    one line naming the cause and the log, and every launched process is gone."""
+    launched = []
+
+    class NoWrites(LocalS3):
+        def _probe_filesystem(self):
+            launched.append(self.process.pid)
+            options = {**self.storage_options, "client_kwargs": {"endpoint_url": LOOPBACK_PROXY}}
+            return fsspec.filesystem("s3", skip_instance_cache=True, **options)
+
+    server = NoWrites(tmp_path / "store", start_timeout_s=3.0)
+    with pytest.raises(ObjectStoreError, match="did not take a first write.*weed.log"):
+        server.start(attempts=2)
+    assert len(launched) == 2 and server.process is None
+    assert not any(_pid_alive(pid) for pid in launched)
+
+
+def test_the_readiness_probe_leaves_no_bucket_behind(s3):
+    assert not any("ready-probe" in name for name in s3.filesystem().ls(""))
 
 
 def test_put_get_list_through_fsspec(s3, s3_bucket):
