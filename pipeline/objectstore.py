@@ -299,13 +299,15 @@ class LocalS3:
         # to the master (a new bucket grows volumes of its own); in CI the suite's first PUT
         # once hung past botocore's read timeout on all five attempts. One small write, with
         # short timeouts and retried here, proves the whole path before anyone relies on it.
+        from botocore.exceptions import BotoCoreError  # timeouts: not OSErrors
+
         fs = self._probe_filesystem()
         last_error: Exception | None = None
         while True:
             try:
                 _write_and_remove_probe(fs)
                 return
-            except Exception as err:  # noqa: BLE001 - botocore timeouts are not OSErrors
+            except (OSError, ValueError, BotoCoreError) as err:
                 last_error = err
             self._check_alive_before(deadline, last_error, what="did not take a first write")
             time.sleep(0.2)
@@ -313,9 +315,8 @@ class LocalS3:
     def _probe_filesystem(self) -> Any:
         import fsspec
 
-        config = {"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}}
         return fsspec.filesystem(
-            "s3", skip_instance_cache=True, config_kwargs=config, **self.storage_options
+            "s3", skip_instance_cache=True, **PROBE_OPTIONS, **self.storage_options
         )
 
     def _http_answers(self) -> bool:
@@ -359,6 +360,10 @@ class LocalS3:
 
 
 _PROBE_BUCKET = "mmcurate-ready-probe"
+# One try per call, short timeouts: the readiness loop does its own retrying until its deadline.
+PROBE_OPTIONS = {
+    "config_kwargs": {"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}},
+}
 
 
 def _write_and_remove_probe(fs: Any) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from pipeline.objectstore import LOOPBACK_PROXY, LocalS3, ObjectStoreError
+from pipeline.objectstore import LOOPBACK_PROXY, PROBE_OPTIONS, LocalS3, ObjectStoreError
 
 
 def _pid_alive(pid: int) -> bool:
@@ -90,7 +90,7 @@ def test_a_server_that_never_takes_a_write_is_not_ready(tmp_path):
         def _probe_filesystem(self):
             launched.append(self.process.pid)
             options = {**self.storage_options, "client_kwargs": {"endpoint_url": LOOPBACK_PROXY}}
-            return fsspec.filesystem("s3", skip_instance_cache=True, **options)
+            return fsspec.filesystem("s3", skip_instance_cache=True, **PROBE_OPTIONS, **options)
 
     server = NoWrites(tmp_path / "store", start_timeout_s=3.0)
     with pytest.raises(ObjectStoreError, match="did not take a first write.*weed.log"):
