@@ -77,10 +77,10 @@ def pool_work(paths: list[str]) -> int:
     return len(paths)
 
 
-def pool_rates(paths: list[str]) -> dict[str, float]:
+def pool_rates(paths: list[str], counts: tuple[int, ...] = (1, 2)) -> dict[str, float]:
     """Images per second of the Pillow work in 1 and 2 processes (wall time)."""
     rates = {}
-    for processes in (1, 2):
+    for processes in counts:
         with Pool(processes) as pool:
             started = time.perf_counter()
             done = sum(pool.map(pool_work, [paths] * processes))

@@ -206,7 +206,10 @@ def one_round(exe: Path, urls: Path, small: Path, root: Path, args: argparse.Nam
     mm_small_n = json.loads((root / "out-mm" / "manifest.json").read_text())["samples"]
     i2d_marginal = (i2d_n - i2d_small_n) / (i2d_s - i2d_small_s)
     mm_marginal = (mm_n - mm_small_n) / (mm_s - mm_small_s)
-    return {
+    ceiling = pool_ceiling(root / "photos", args.ceiling) if args.ceiling else {}
+    if ceiling:  # the end-to-end ratio a tool at the pool's rate would get
+        ceiling["ratio_ceiling"] = round(ceiling["pool_img_s"] / (i2d_n / i2d_s), 3)
+    return ceiling | {
         "img2dataset_img_s": round(i2d_n / i2d_s, 1),
         "mmcurate_img_s": round(mm_n / mm_s, 1),
         "ratio_end_to_end": round((mm_n / mm_s) / (i2d_n / i2d_s), 3),
@@ -227,6 +230,15 @@ def one_round(exe: Path, urls: Path, small: Path, root: Path, args: argparse.Nam
     }
 
 
+def pool_ceiling(photos: Path, n: int) -> dict:
+    """The bare Pillow work (no download, no files) on both cores, on `n` of the photos:
+    the most any tool doing this work with Pillow could reach on the machine right now."""
+    from image_work import pool_rates
+
+    paths = sorted(str(p) for p in photos.glob("*.jpg"))[: n // 2]
+    return {"pool_img_s": pool_rates(paths, counts=(2,))["2_processes_img_s"]}
+
+
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -239,6 +251,9 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=500, help="list size for fixed costs")
     parser.add_argument("--root", help="work folder to keep and reuse (its photos when N match)")
     parser.add_argument("--runtime", default="auto", help="mmcurate's ray.runtime (auto|ray|local)")
+    parser.add_argument(
+        "--ceiling", type=int, default=0, help="also time the bare Pillow pool on this many photos"
+    )
     args = parser.parse_args()
     if shutil.which("nginx") is None:
         sys.exit("bench/ingest.py needs nginx on PATH: apt-get install -y nginx")

@@ -197,3 +197,31 @@ def test_local_and_ray_write_the_same_bytes_and_a_killed_worker_loses_nothing(
     manifests = [json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("local", "ray")]
     assert manifests[0]["shards"] == manifests[1]["shards"]
     assert manifests[0]["samples"] == 12
+
+
+def test_a_local_build_never_loads_ray(tmp_path):
+    """Every job a local build hands its workers pickles plainly: a closure would fall back
+    to cloudpickle, which loads Ray (~0.8 s) in the driver and again in a worker. Covered: a
+    URL list that is staged (one row group, 4 partitions), dedupe's decide phase, the shards.
+    Observed from outside with `python -X importtime` (forked workers print theirs too)."""
+    server = Corpus().start()
+    try:
+        names = ["astronaut", "coffee", "chelsea", "astronaut"]  # one exact copy
+        urls = [server.serve(f"/{i}.jpg", photo_bytes(n)) for i, n in enumerate(names * 3)]
+        path = tmp_path / "urls.parquet"
+        pq.write_table(pa.table({"url": urls, "caption": [f"photo {i}" for i in range(12)]}), path)
+        cfg = tree(path, tmp_path / "out", "local")
+        cfg["stages"] += [{"name": "exact_dedupe"}, {"name": "near_dedupe", "radius": 8}]
+        config = tmp_path / "build.yaml"
+        config.write_text(yaml.safe_dump(cfg))
+        cmd = [sys.executable, "-X", "importtime", "-m", "pipeline", "build", str(config)]
+        done = subprocess.run(cmd + ["--no-progress"], cwd=REPO, capture_output=True, text=True)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["samples"] == 3  # three distinct photos kept
+    assert (tmp_path / "out" / "_work").exists() is False
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
+    assert "pipeline.source_staging" in imported  # the URL list was staged
+    assert not [name for name in imported if name == "ray" or name.startswith("ray.")]
