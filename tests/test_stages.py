@@ -102,6 +102,28 @@ def test_decode_image_drops_broken_and_keeps_order():
     assert all(v is None for v in out["jpg"][1:])  # dropped media is not carried on
 
 
+def test_decode_image_threads_give_the_same_rows_in_the_same_order():
+    """Decoding on several threads changes nothing a row carries: bytes, JSON and reasons,
+    row for row, with missing and broken images and PNGs mixed in."""
+    images = []
+    for i in range(40):
+        kind = i % 5
+        if kind == 3:
+            images.append(None if i % 2 else b"broken bytes")
+        else:
+            fmt = "PNG" if kind == 4 else "JPEG"
+            images.append(jpeg((120 + 7 * i, 90 + 3 * i), (5 * i, 255 - 5 * i, 100), fmt=fmt))
+    outs = [
+        build_stage({"name": "decode_image", "threads": n, "resize": {"size": 48}})(
+            batch_of(images)
+        )
+        for n in (1, 3)
+    ]
+    for column in ("jpg", "json", DROP, DROP_STAGE, "__key__"):
+        assert outs[0][column] == outs[1][column], column
+    assert outs[0][DROP].count(None) == 32 and outs[0][DROP].count("no_image") == 4
+
+
 def test_decode_image_pixel_cap():
     stage = build_stage({"name": "decode_image", "max_pixels": 1000})
     assert stage(batch_of([jpeg((100, 100))]))[DROP] == ["too_many_pixels"]
