@@ -51,6 +51,7 @@ class Stage:
     Options: ClassVar[type[StageOptions]] = StageOptions
     is_global: ClassVar[bool] = False
     io_bound: ClassVar[bool] = False  # waits on the network: runs a chunk ahead of the rest
+    after_io = False  # an io_bound stage runs before it (set by registry.build_stages)
     expands: ClassVar[bool] = False  # turns one sample into several (clip_split)
     uses_model_pool: ClassVar[bool] = False  # a ModelStage: its model may run in actors
     produces: ClassVar[frozenset[str]] = frozenset()  # columns later stages may reuse

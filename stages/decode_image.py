@@ -56,13 +56,13 @@ class DecodeImageOptions(StageOptions):
     max_aspect_ratio: float | None = Field(
         None, ge=1, description="Longer / shorter side above this: bad_aspect_ratio."
     )
-    threads: int = Field(
-        2,
+    threads: int | None = Field(
+        None,
         ge=1,
         le=64,
-        description="Images decoded at once in each task. Pillow lets go of the GIL while it "
-        "decodes, resizes and encodes, so a second thread fills the CPU time the task's other "
-        "threads (downloads, writes) leave, and the whole machine at a build's tail.",
+        description="Images decoded at once in each task; default 2 after `download`, else "
+        "1. Pillow lets go of the GIL while it works, so a second thread fills the CPU time "
+        "the task's downloads leave; with nothing to fill, it only competes for the cores.",
     )
 
 
@@ -143,7 +143,7 @@ class DecodeImage(Stage):
     Options = DecodeImageOptions
 
     def setup(self) -> None:
-        threads = self.options.threads
+        threads = self.options.threads or (2 if self.after_io else 1)
         self.executor = ThreadPoolExecutor(threads, "decode") if threads > 1 else None
 
     def decode_one(self, data: bytes) -> tuple[bytes | None, dict, str | None]:

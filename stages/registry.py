@@ -84,6 +84,7 @@ def build_stages(specs: list[dict[str, Any]]) -> list[Stage]:
     stages = label_stages([build_stage(spec, i) for i, spec in enumerate(specs)])
     ordered = stage_order(stages)
     for at, stage in enumerate(ordered):
+        stage.after_io = any(s.io_bound for s in ordered[:at])
         if stage.name == "semantic_dedupe":  # by name: its module is imported only when used
             stage.embeddings_given = any("embedding" in s.produces for s in ordered[:at])
     return stages

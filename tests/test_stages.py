@@ -124,6 +124,17 @@ def test_decode_image_threads_give_the_same_rows_in_the_same_order():
     assert outs[0][DROP].count(None) == 32 and outs[0][DROP].count("no_image") == 4
 
 
+def test_decode_image_threads_default_to_two_only_after_a_download():
+    def decode_threads(specs: list[dict]) -> int:
+        stage = next(s for s in build_stages(specs) if s.name == "decode_image")
+        stage.setup()
+        return stage.executor._max_workers if stage.executor is not None else 1
+
+    assert decode_threads([{"name": "download"}, {"name": "decode_image"}]) == 2
+    assert decode_threads([{"name": "decode_image"}]) == 1  # a folder: nothing to fill
+    assert decode_threads([{"name": "decode_image", "threads": 4}]) == 4
+
+
 def test_decode_image_pixel_cap():
     stage = build_stage({"name": "decode_image", "max_pixels": 1000})
     assert stage(batch_of([jpeg((100, 100))]))[DROP] == ["too_many_pixels"]
