@@ -46,6 +46,9 @@ class ImageTransform:
         self.pil = Compose([fast_step(step) for step in steps[:-2]]) if split else None
         self.mean = torch.tensor(steps[-1].mean).view(3, 1, 1) if split else None
         self.std = torch.tensor(steps[-1].std).view(3, 1, 1) if split else None
+        # (x / 255 - mean) / std as one multiply and one add: x * scale + shift
+        self.scale = 1 / (255 * self.std) if split else None
+        self.shift = -self.mean / self.std if split else None
 
     def __call__(self, data: bytes) -> torch.Tensor:
         """Encoded image bytes -> uint8 [3, H, W] (float when the transform does not split)."""
@@ -85,14 +88,13 @@ class ImageTransform:
         written into `out` when it is a float tensor of the same shape."""
         if images.dtype != torch.uint8 or self.mean is None:
             return images.float()
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        scale, shift = self.scale.to(images.device), self.shift.to(images.device)
         if out is not None and out.shape == images.shape and out.dtype == torch.float32:
-            # Why copy, then in place: the same values as torch.div(images, 255, out=out),
-            # 3x faster on the CPU (its mixed-dtype division takes a slow path)
-            scaled = out.copy_(images).div_(255)
-        else:
-            scaled = images.float().div_(255)
-        return scaled.sub_(mean).div_(std)
+            # Why copy, then in place: a mixed-dtype op into `out` takes a slow path on the
+            # CPU; copy_, mul_, add_ is 0.06 ms an image here against 0.14 for the four passes
+            # of div 255, sub mean, div std (values within 1e-6 of them)
+            return out.copy_(images).mul_(scale).add_(shift)
+        return images.float().mul_(scale).add_(shift)
 
     def place(self, image: torch.Tensor, row: torch.Tensor, finish: bool) -> torch.Tensor:
         """`image` written into `row` (its place in a batch, e.g. a ring slot's), normalized
