@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pipeline.objectstore_probe import disk_too_full, probe_filesystem, write_and_remove_probe
+
 ACCESS_KEY = "mmcurate"
 SECRET_KEY = "mmcurate-local-secret"
 REGION = "us-east-1"
@@ -31,6 +33,7 @@ HOST = "127.0.0.1"
 # below the kernel's ephemeral range (32768+) so that outgoing connections cannot steal them.
 _PORT_LOW, _PORT_HIGH, _GRPC_OFFSET = 10000, 22700, 10000
 _COMPONENTS = ("s3", "master", "volume", "filer", "admin")
+
 
 # Nothing listens on the discard port: a request sent through this "proxy" fails at once,
 # on loopback. NO_PROXY keeps loopback itself direct (Ray's own HTTP and gRPC, SeaweedFS).
@@ -118,7 +121,9 @@ def _log_tail(path: Path, lines: int = 30) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return "<no log>"
-    return "\n".join(text.splitlines()[-lines:])
+    # A volume server short of disk says so once, at start: keep that line in view.
+    full = [line for line in text.splitlines() if "< required" in line][-1:]
+    return "\n".join(full + text.splitlines()[-lines:])
 
 
 class LocalS3:
@@ -190,6 +195,9 @@ class LocalS3:
         if self.process is not None:
             raise ObjectStoreError("LocalS3 already started")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        problem = disk_too_full(self.data_dir)
+        if problem:
+            raise ObjectStoreError(problem)
         for attempt in range(attempts):
             try:
                 self._launch()
@@ -199,8 +207,9 @@ class LocalS3:
             except BaseException as err:
                 self.stop()
                 # A port taken between picking and binding, or a server that never took
-                # its first write, is worth a fresh start.
-                if isinstance(err, ObjectStoreError) and attempt + 1 < attempts:
+                # its first write, is worth a fresh start; other failures are reported now.
+                retry = "address already in use" in str(err) or _NO_WRITE in str(err)
+                if isinstance(err, ObjectStoreError) and retry and attempt + 1 < attempts:
                     continue
                 raise
         raise AssertionError("unreachable")
@@ -305,19 +314,17 @@ class LocalS3:
         last_error: Exception | None = None
         while True:
             try:
-                _write_and_remove_probe(fs)
+                # Each call is capped at what is left of the start's time (1 s at least):
+                # a server that takes connections and never answers cannot outwait it.
+                write_and_remove_probe(fs, max(1.0, deadline - time.monotonic()))
                 return
             except (OSError, ValueError, BotoCoreError) as err:
                 last_error = err
-            self._check_alive_before(deadline, last_error, what="did not take a first write")
+            self._check_alive_before(deadline, last_error, what=_NO_WRITE)
             time.sleep(0.2)
 
     def _probe_filesystem(self) -> Any:
-        import fsspec
-
-        return fsspec.filesystem(
-            "s3", skip_instance_cache=True, **PROBE_OPTIONS, **self.storage_options
-        )
+        return probe_filesystem(self.storage_options)
 
     def _http_answers(self) -> bool:
         # Straight to loopback: a user's HTTP(S)_PROXY must not see (or break) this probe.
@@ -359,24 +366,7 @@ class LocalS3:
                         sock.unlink(missing_ok=True)
 
 
-_PROBE_BUCKET = "mmcurate-ready-probe"
-# One try per call, short timeouts: the readiness loop does its own retrying until its deadline.
-PROBE_OPTIONS = {
-    "config_kwargs": {"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}},
-}
-
-
-def _write_and_remove_probe(fs: Any) -> None:
-    """Create a bucket, write, read back and delete one object, then drop the bucket."""
-    try:
-        fs.mkdir(_PROBE_BUCKET)
-    except FileExistsError:  # left by a start on the same data dir that stopped half-way
-        pass
-    fs.pipe(f"{_PROBE_BUCKET}/ready", b"ready")
-    if fs.cat(f"{_PROBE_BUCKET}/ready") != b"ready":
-        raise ObjectStoreError("the readiness probe read back other bytes than it wrote")
-    fs.rm(f"{_PROBE_BUCKET}/ready")
-    fs.rmdir(_PROBE_BUCKET)
+_NO_WRITE = "did not take a first write"
 
 
 def _terminate(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from pipeline.objectstore import LOOPBACK_PROXY, PROBE_OPTIONS, LocalS3, ObjectStoreError
+from pipeline.objectstore import LOOPBACK_PROXY, LocalS3, ObjectStoreError
+from pipeline.objectstore_probe import disk_too_full, probe_filesystem
 
 
 def _pid_alive(pid: int) -> bool:
@@ -62,16 +64,19 @@ def test_restart_on_same_dir_keeps_objects(tmp_path):
 
 
 def test_failed_start_kills_the_process(tmp_path):
+    launched = []
+
     class FailingS3(LocalS3):
         def _wait_ready(self):
-            self.launched_pid = self.process.pid
+            launched.append(self.process.pid)
             raise ObjectStoreError("simulated: never ready")
 
     server = FailingS3(tmp_path / "store")
     with pytest.raises(ObjectStoreError, match="never ready"):
         server.start()
     assert server.process is None
-    assert not _pid_alive(server.launched_pid)
+    assert len(launched) == 1  # not a cause a fresh start could help: reported at once
+    assert not _pid_alive(launched[0])
 
 
 def test_timeout_error_names_the_log(tmp_path):
@@ -81,22 +86,41 @@ def test_timeout_error_names_the_log(tmp_path):
     assert server.process is None
 
 
-def test_a_server_that_never_takes_a_write_is_not_ready(tmp_path):
-    """Readiness is a real write, not a listing: with writes unreachable the start fails in
-    one line naming the cause and the log, and every launched process is gone."""
+@pytest.mark.parametrize("writes_to", ["refused", "silent"])
+def test_a_server_that_never_takes_a_write_is_not_ready(tmp_path, writes_to):
+    """Readiness is a real write, not a listing: with writes refused, or hanging on a server
+    that accepts connections and never answers, the start fails in one line naming the cause
+    and the log (rather than waiting out every retry), and every launched process is gone."""
     launched = []
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never accepts or answers
+    endpoint = {"refused": LOOPBACK_PROXY, "silent": f"http://127.0.0.1:{silent.getsockname()[1]}"}
 
     class NoWrites(LocalS3):
         def _probe_filesystem(self):
             launched.append(self.process.pid)
-            options = {**self.storage_options, "client_kwargs": {"endpoint_url": LOOPBACK_PROXY}}
-            return fsspec.filesystem("s3", skip_instance_cache=True, **PROBE_OPTIONS, **options)
+            client = {"endpoint_url": endpoint[writes_to], "region_name": "us-east-1"}
+            return probe_filesystem({**self.storage_options, "client_kwargs": client})
 
-    server = NoWrites(tmp_path / "store", start_timeout_s=3.0)
-    with pytest.raises(ObjectStoreError, match="did not take a first write.*weed.log"):
-        server.start(attempts=2)
+    server = NoWrites(tmp_path / "store", start_timeout_s=2.0)
+    try:
+        with pytest.raises(ObjectStoreError, match="did not take a first write.*weed.log"):
+            server.start(attempts=2)
+    finally:
+        silent.close()
     assert len(launched) == 2 and server.process is None
     assert not any(_pid_alive(pid) for pid in launched)
+
+
+def test_a_disk_too_full_for_seaweedfs_fails_the_start_at_once(tmp_path, monkeypatch):
+    """With less free disk than the volume server's floor, SeaweedFS would start and then
+    hang every PUT: the start refuses in one line instead, before launching anything."""
+    assert disk_too_full(tmp_path, fraction=0.0) is None
+    assert f"{tmp_path} has" in disk_too_full(tmp_path, fraction=1.0)
+    monkeypatch.setattr("pipeline.objectstore_probe.MIN_FREE_FRACTION", 1.0)  # any disk
+    server = LocalS3(tmp_path / "store")
+    with pytest.raises(ObjectStoreError, match=r"needs 100\.0% of the disk free.*GiB free"):
+        server.start()
+    assert server.process is None and not (tmp_path / "store" / "weed.log").exists()
 
 
 def test_the_readiness_probe_leaves_no_bucket_behind(s3):

@@ -223,5 +223,5 @@ def test_a_local_build_never_loads_ray(tmp_path):
     assert manifest["samples"] == 3  # three distinct photos kept
     assert (tmp_path / "out" / "_work").exists() is False
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
-    assert "pipeline.source_staging" in imported  # the URL list was staged
+    assert "staging 1 URL list file(s) as parquet" in done.stderr  # staging ran, in a task
     assert not [name for name in imported if name == "ray" or name.startswith("ray.")]
