@@ -33,7 +33,7 @@ HOST = "127.0.0.1"
 # below the kernel's ephemeral range (32768+) so that outgoing connections cannot steal them.
 _PORT_LOW, _PORT_HIGH, _GRPC_OFFSET = 10000, 22700, 10000
 _COMPONENTS = ("s3", "master", "volume", "filer", "admin")
-
+_NO_WRITE = "did not take a first write"  # the start failure a fresh start may cure
 
 # Nothing listens on the discard port: a request sent through this "proxy" fails at once,
 # on loopback. NO_PROXY keeps loopback itself direct (Ray's own HTTP and gRPC, SeaweedFS).
@@ -122,8 +122,9 @@ def _log_tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return "<no log>"
     # A volume server short of disk says so once, at start: keep that line in view.
-    full = [line for line in text.splitlines() if "< required" in line][-1:]
-    return "\n".join(full + text.splitlines()[-lines:])
+    all_lines = text.splitlines()
+    full = [line for line in all_lines if "< required" in line][-1:]
+    return "\n".join(full + all_lines[-lines:])
 
 
 class LocalS3:
@@ -364,9 +365,6 @@ class LocalS3:
                     sock = Path(f"/tmp/seaweedfs-{kind}-{number}.sock")
                     if sock.is_socket():
                         sock.unlink(missing_ok=True)
-
-
-_NO_WRITE = "did not take a first write"
 
 
 def _terminate(proc: subprocess.Popen, timeout_s: float) -> None:
