@@ -5,7 +5,8 @@ started any thread: a worker starts in milliseconds with everything a task needs
 loaded, where a fresh local Ray costs seconds to start (BENCHMARKS.md, issue 23). The contract
 is Ray's: results in input order, an exception in a task fails the run, and a task whose worker
 process dies is run again on a fresh worker (up to `MAX_RETRIES` times, Ray's `max_retries`),
-so a crashed worker never fails the build.
+so a crashed worker never fails the build. In a process that already runs Ray (a test session,
+a notebook) the workers are spawned instead: forking there is unsafe (`start_method`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -48,9 +50,11 @@ class _Worker:
 
     def __init__(self, context: Any, others: list[_Worker]) -> None:
         self.conn, child = context.Pipe()
-        # The child closes every driver-side end it inherits, so each worker sees EOF (and
-        # exits) as soon as the driver is gone, even one killed without a word.
-        inherited = [self.conn, *(w.conn for w in others)]
+        # A forked child closes every driver-side end it inherits, so each worker sees EOF (and
+        # exits) as soon as the driver is gone, even one killed without a word. A spawned one
+        # inherits none.
+        forked = context.get_start_method() == "fork"
+        inherited = [self.conn, *(w.conn for w in others)] if forked else []
         self.process = context.Process(
             target=_serve, args=(child, inherited), name="mmcurate-worker"
         )
@@ -68,11 +72,19 @@ class _Worker:
             self.process.join(timeout=5)
 
 
+def start_method() -> str:
+    """Fork, for workers warm in milliseconds; but spawn where this process runs Ray: a fork
+    copies the locks of Ray's gRPC threads held, and the driver's next GCS call can hang
+    (ray-project/ray#59661; seen here as `ray.available_resources()` never returning)."""
+    ray = sys.modules.get("ray")
+    return "spawn" if ray is not None and ray.is_initialized() else "fork"
+
+
 class LocalPool:
-    """`workers` processes forked now; `run(items, fn)` runs fn(item) on them."""
+    """`workers` processes started now; `run(items, fn)` runs fn(item) on them."""
 
     def __init__(self, workers: int) -> None:
-        self.context = multiprocessing.get_context("fork")
+        self.context = multiprocessing.get_context(start_method())
         self.workers: list[_Worker] = []
         for _ in range(workers):
             self.workers.append(_Worker(self.context, self.workers))

@@ -81,6 +81,22 @@ def test_a_dead_worker_is_replaced_and_its_task_rerun(pool, tmp_path):
         pool.run([1], always_die)  # dies on every try: fails after Ray's 3 retries
 
 
+def test_a_pool_started_where_ray_runs_is_spawned_and_works(ray_session, tmp_path):
+    """Forking a process whose Ray gRPC threads hold locks can hang its next GCS call."""
+    spawned = LocalPool(2)
+    try:
+        assert [w.process.pid for w in spawned.workers]  # started
+        assert spawned.context.get_start_method() == "spawn"
+        fn = partial(die_once, str(tmp_path / "died"))
+        assert spawned.run(list(range(4)), fn) == [0, 10, 20, 30]
+        assert spawned.retried == 1
+    finally:
+        spawned.close()
+    import ray
+
+    assert ray.available_resources().get("CPU", 0) > 0  # the driver's GCS still answers
+
+
 def test_pool_runner_matches_the_in_process_runner(pool):
     blocks = [[1, 2, 3], [4, 5], [6]]
     assert PoolRunner(pool).map_reduce(blocks, by_parity, total, 2) == LocalRunner().map_reduce(
