@@ -20,6 +20,7 @@ from stages.base import (
     register,
     sample_meta,
 )
+from stages.lib.fast_resize import shrink
 
 # PIL's own limit would raise a warning, then an error at 2x; we want one clear drop reason.
 Image.MAX_IMAGE_PIXELS = None
@@ -117,9 +118,10 @@ def transform(image: Image.Image, resize: ResizeOptions) -> Image.Image:
     image = to_rgb(image)
     new_size = target_size(image.width, image.height, resize)
     if new_size != image.size:
-        shrinking = new_size[0] < image.width
-        method = FILTERS[resize.filter] if shrinking else Image.Resampling.BICUBIC
-        image = image.resize(new_size, method)
+        if new_size[0] < image.width:
+            image = shrink(image, new_size, FILTERS[resize.filter])
+        else:
+            image = image.resize(new_size, Image.Resampling.BICUBIC)
     if resize.mode == "center_crop":
         side = min(image.size)
         image = image.crop(center_crop_box(image.width, image.height, side))
