@@ -1,8 +1,9 @@
 """Bench: `images` folder -> decode/resize/re-encode -> shards, against a plain process pool.
 
 The reference is the simplest fast thing a user could write instead: a multiprocessing pool with
-one process per core doing the same PIL work (draft decode, EXIF transpose, RGB, resize to 256 px
-shorter side, JPEG q95) and writing tars. It is close to the per-image work's physical limit on
+one process per core doing the same image work (draft decode, EXIF transpose, RGB, resize to 256
+px shorter side, JPEG q95, through `decode_image`'s own functions, its SIMD resize included) and
+writing tars. It is close to the per-image work's physical limit on
 this machine, so the ratio says what Ray, planning, signatures and the two-phase write cost.
 
 Both sides are timed as whole processes, start to exit: `python -c <pool script>` against the

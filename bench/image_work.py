@@ -3,10 +3,13 @@ img2dataset's OpenCV path, on the same photos (no download, no files written).
 
 - Pillow (mmcurate's `decode_image`): libjpeg-turbo draft decode (DCT scaling, never below the
   target), area (BOX) resize to 256 px on the short side, JPEG q95.
+- mmcurate as it runs: the same, with the resize on fast_image_resize's SIMD kernels
+  (`stages/lib/fast_resize.shrink`, what `decode_image` calls).
 - OpenCV (img2dataset's resizer): full `imdecode`, INTER_AREA resize, `imencode` q95, one
   OpenCV thread.
 Each path runs where its library is installed: the main venv has Pillow, img2dataset's venv
-has OpenCV. `--pool` also runs the Pillow work in 1 and 2 processes: the cap the cores give.
+has OpenCV. `--pool` also runs mmcurate's image work in 1 and 2 processes: the cap the cores
+give to any tool doing that work.
 
     .venv/bin/python bench/image_work.py --photos <folder of JPEGs> [--n 300] [--pool]
     bench/.venv-img2dataset/bin/python bench/image_work.py --photos <folder>
@@ -29,8 +32,9 @@ def target(width: int, height: int) -> tuple[int, int]:
     return round(width * scale), round(height * scale)
 
 
-def pillow_steps(blob: bytes) -> tuple[float, float, float]:
-    """(decode, resize, encode) CPU seconds of one image on the Pillow path."""
+def pillow_steps(blob: bytes, simd: bool = False) -> tuple[float, float, float]:
+    """(decode, resize, encode) CPU seconds of one image on the Pillow path; `simd`: resized
+    as mmcurate resizes."""
     from PIL import Image
 
     t0 = time.process_time()
@@ -39,7 +43,13 @@ def pillow_steps(blob: bytes) -> tuple[float, float, float]:
     image.draft("RGB", size)
     image.load()
     t1 = time.process_time()
-    small = image.convert("RGB").resize(size, Image.Resampling.BOX)
+    rgb = image.convert("RGB")
+    if simd:
+        from stages.lib.fast_resize import shrink
+
+        small = shrink(rgb, size, Image.Resampling.BOX)
+    else:
+        small = rgb.resize(size, Image.Resampling.BOX)
     t2 = time.process_time()
     small.save(io.BytesIO(), "JPEG", quality=95)
     return t1 - t0, t2 - t1, time.process_time() - t2
@@ -71,14 +81,18 @@ def per_image_ms(steps, blobs: list[bytes], rounds: int = 3) -> dict[str, float]
     return result | {"total": round(sum(best) / len(blobs) * 1000, 3)}
 
 
+def mmcurate_steps(blob: bytes) -> tuple[float, float, float]:
+    return pillow_steps(blob, simd=True)
+
+
 def pool_work(paths: list[str]) -> int:
     for path in paths:
-        pillow_steps(Path(path).read_bytes())
+        mmcurate_steps(Path(path).read_bytes())
     return len(paths)
 
 
 def pool_rates(paths: list[str], counts: tuple[int, ...] = (1, 2)) -> dict[str, float]:
-    """Images per second of the Pillow work in 1 and 2 processes (wall time)."""
+    """Images per second of mmcurate's image work in 1 and 2 processes (wall time)."""
     rates = {}
     for processes in counts:
         with Pool(processes) as pool:
@@ -108,6 +122,7 @@ def main() -> None:
         import PIL  # noqa: F401
 
         result["pillow_ms"] = per_image_ms(pillow_steps, blobs)
+        result["mmcurate_ms"] = per_image_ms(mmcurate_steps, blobs)
         if args.pool:
             result |= pool_rates(paths)
     except ImportError:

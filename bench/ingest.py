@@ -231,8 +231,9 @@ def one_round(exe: Path, urls: Path, small: Path, root: Path, args: argparse.Nam
 
 
 def pool_ceiling(photos: Path, n: int) -> dict:
-    """The bare Pillow work (no download, no files) on both cores, on `n` of the photos:
-    the most any tool doing this work with Pillow could reach on the machine right now."""
+    """mmcurate's bare image work (decode, SIMD resize, encode; no download, no files) on both
+    cores, on `n` of the photos: the most any tool doing this work this way could reach on the
+    machine right now."""
     from image_work import pool_rates
 
     paths = sorted(str(p) for p in photos.glob("*.jpg"))[: n // 2]
@@ -252,7 +253,7 @@ def main() -> None:
     parser.add_argument("--root", help="work folder to keep and reuse (its photos when N match)")
     parser.add_argument("--runtime", default="auto", help="mmcurate's ray.runtime (auto|ray|local)")
     parser.add_argument(
-        "--ceiling", type=int, default=0, help="also time the bare Pillow pool on this many photos"
+        "--ceiling", type=int, default=0, help="also time the bare image work on N photos"
     )
     args = parser.parse_args()
     if shutil.which("nginx") is None:
