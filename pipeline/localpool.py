@@ -35,25 +35,31 @@ class WorkerCrashed(RuntimeError):
     """A task's worker process died on every try."""
 
 
-def dumps(value: Any) -> bytes:
-    """Plain pickle; closures and lambdas (which Ray ships with cloudpickle) fall back to it."""
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        from ray import cloudpickle
+def dumps(value: Any, by_value: bool = False) -> bytes:
+    """Plain pickle; closures and lambdas (which Ray ships with cloudpickle) fall back to it.
+    `by_value`: cloudpickle at once, which also ships what `__main__` defines (a notebook's
+    functions), for workers that were spawned and so never saw that `__main__`."""
+    if not by_value:
+        try:
+            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            pass
+    from ray import cloudpickle
 
-        return cloudpickle.dumps(value)
+    return cloudpickle.dumps(value)
 
 
 class _Worker:
     """One worker process and the driver's end of its pipe."""
 
-    def __init__(self, context: Any, others: list[_Worker]) -> None:
+    def __init__(self, others: list[_Worker]) -> None:
+        self.method = start_method()  # asked per worker: Ray may have started since the last
+        context = multiprocessing.get_context(self.method)
         self.conn, child = context.Pipe()
         # A forked child closes every driver-side end it inherits, so each worker sees EOF (and
         # exits) as soon as the driver is gone, even one killed without a word. A spawned one
         # inherits none.
-        forked = context.get_start_method() == "fork"
+        forked = self.method == "fork"
         inherited = [self.conn, *(w.conn for w in others)] if forked else []
         self.process = context.Process(
             target=_serve, args=(child, inherited), name="mmcurate-worker"
@@ -84,10 +90,9 @@ class LocalPool:
     """`workers` processes started now; `run(items, fn)` runs fn(item) on them."""
 
     def __init__(self, workers: int) -> None:
-        self.context = multiprocessing.get_context(start_method())
         self.workers: list[_Worker] = []
         for _ in range(workers):
-            self.workers.append(_Worker(self.context, self.workers))
+            self.workers.append(_Worker(self.workers))
         self.retried = 0  # tasks run again after their worker died
         self._token = 0
         atexit.register(self.close)
@@ -110,7 +115,8 @@ class LocalPool:
         """fn(item) for each item on the workers; results in input order. `done` is called
         after each task (a progress bar's update)."""
         self._token += 1
-        token, blob = self._token, dumps(fn)
+        spawned = any(w.method == "spawn" for w in self.workers) or start_method() == "spawn"
+        token, blob = self._token, dumps(fn, by_value=spawned)
         queue = deque(range(len(items)))
         tries = [0] * len(items)
         results: list[Any] = [None] * len(items)
@@ -183,7 +189,7 @@ class LocalPool:
     def _replace(self, worker: _Worker) -> None:
         worker.stop()
         others = [w for w in self.workers if w is not worker]
-        self.workers[self.workers.index(worker)] = _Worker(self.context, others)
+        self.workers[self.workers.index(worker)] = _Worker(others)
 
     def _stop_busy(self) -> None:
         for worker in self._busy():
@@ -200,18 +206,10 @@ def _serve(conn: Connection, inherited: list[Connection]) -> None:
     fns: dict[int, Callable[[Any], Any]] = {}
     while True:
         try:
-            token, blob, index, item = pickle.loads(conn.recv_bytes())
+            message = conn.recv_bytes()
         except (EOFError, OSError):
             os._exit(0)  # the driver is gone or done
-        if blob is not None:
-            fns.clear()
-            fns[token] = pickle.loads(blob)
-        try:
-            reply = (True, fns[token](item))
-        # Why broad: any task error goes back to the driver, which raises it (as Ray does).
-        except Exception as err:  # noqa: BLE001
-            err.add_note(f"in a local worker:\n{traceback.format_exc()}")
-            reply = (False, err)
+        reply = _run_task(message, fns)
         try:
             try:
                 data = dumps(reply)
@@ -220,6 +218,21 @@ def _serve(conn: Connection, inherited: list[Connection]) -> None:
             conn.send_bytes(data)
         except OSError:
             os._exit(0)  # the driver is gone
+
+
+def _run_task(message: bytes, fns: dict[int, Callable[[Any], Any]]) -> tuple[bool, Any]:
+    """(True, result) or (False, error). Unpickling the task is part of it: a function or
+    item this process cannot load fails the task, as on Ray, instead of killing the worker."""
+    try:
+        token, blob, _, item = pickle.loads(message)
+        if blob is not None:
+            fns.clear()
+            fns[token] = pickle.loads(blob)
+        return True, fns[token](item)
+    # Why broad: any task error goes back to the driver, which raises it (as Ray does).
+    except Exception as err:  # noqa: BLE001
+        err.add_note(f"in a local worker:\n{traceback.format_exc()}")
+        return False, err
 
 
 class PoolRunner:

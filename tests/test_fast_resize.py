@@ -1,4 +1,5 @@
-"""The SIMD shrink (stages/lib/fast_resize.py) against Pillow's resample, on real photos."""
+"""The SIMD shrink (stages/lib/fast_resize.py) against Pillow's resample, on real photos and
+on sharp drawn content; its fallbacks to Pillow."""
 
 from __future__ import annotations
 
@@ -7,16 +8,27 @@ import threading
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from pipeline.demo_data import SUBJECTS, source_photo
 from stages.decode_image import DecodeImage, DecodeImageOptions
 from stages.lib import fast_resize
-from stages.lib.fast_resize import FILTER_NAMES, shrink
+from stages.lib.fast_resize import FAST_FILTERS, shrink
 
 PHOTOS = [source_photo(name).convert("RGB") for name in list(SUBJECTS)[:4]]
 # Sizes a 256-px resize meets after libjpeg's draft (factors 1-2), a large factor, and slivers.
 SIZES = [(0.62, 0.62), (0.97, 0.97), (0.5, 0.5), (0.13, 0.13), (0.9, 0.01), (0.003, 0.4)]
+
+
+def drawing() -> Image.Image:
+    """Text and thin lines: the content where resampling kernels differ most."""
+    image = Image.new("RGB", (1000, 700), "white")
+    draw = ImageDraw.Draw(image)
+    for i in range(0, 1000, 7):
+        draw.line([(i, 0), (1000 - i, 700)], fill=(i % 256, 40, 200), width=1)
+    for row in range(20):
+        draw.text((10, 10 + 34 * row), "The quick brown fox 0123456789 " * 3, fill="black")
+    return image
 
 
 def differences(a: Image.Image, b: Image.Image) -> np.ndarray:
@@ -24,26 +36,69 @@ def differences(a: Image.Image, b: Image.Image) -> np.ndarray:
     return np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16))
 
 
-@pytest.mark.parametrize("method", list(FILTER_NAMES))
-def test_shrink_matches_pillow_within_rounding(method):
-    assert fast_resize.available()  # a test dependency: the SIMD path is the one under test
-    for photo in PHOTOS:
+@pytest.fixture(autouse=True)
+def simd_path_is_present():
+    assert fast_resize.available()  # a dependency: the SIMD path is the one under test
+
+
+@pytest.mark.parametrize("method", list(FAST_FILTERS))
+def test_shrink_matches_pillow(method):
+    for image in [*PHOTOS, drawing()]:
         for fx, fy in SIZES:
-            size = (max(1, round(photo.width * fx)), max(1, round(photo.height * fy)))
-            diff = differences(shrink(photo, size, method), photo.resize(size, method))
-            assert diff.mean() < 0.5, (method, size)
-            # A box filter's edge may fall one pixel over where Pillow puts it: rare columns.
-            assert (diff > 3).mean() < 0.01, (method, size)
+            size = (max(1, round(image.width * fx)), max(1, round(image.height * fy)))
+            diff = differences(shrink(image, size, method), image.resize(size, method))
+            assert diff.mean() < 0.25, (method, size)  # rounding: mostly 0, at most 1 level
+            # A box filter's edge may fall one pixel over from where Pillow puts it: a rare
+            # column or row differs, everything else within a level or two.
+            assert (diff > 2).mean() < 0.005, (method, size)
 
 
-def test_shrink_leaves_other_modes_and_the_source_to_pillow():
-    grey = PHOTOS[0].convert("L")
-    size = (grey.width // 3, grey.height // 3)
-    out = shrink(grey, size, Image.Resampling.BOX)
-    assert out.mode == "L" and out.tobytes() == grey.resize(size, Image.Resampling.BOX).tobytes()
+@pytest.mark.parametrize("method", [Image.Resampling.BICUBIC, Image.Resampling.LANCZOS])
+def test_other_filters_and_modes_are_pillows_own(method):
+    image = drawing()
+    size = (image.width // 3, image.height // 3)
+    assert shrink(image, size, method).tobytes() == image.resize(size, method).tobytes()
+    grey = image.convert("L")
+    assert (
+        shrink(grey, size, Image.Resampling.BOX).tobytes()
+        == grey.resize(size, Image.Resampling.BOX).tobytes()
+    )
+
+
+def test_the_source_image_is_left_as_it_was():
     before = PHOTOS[1].tobytes()
     shrink(PHOTOS[1], (10, 10), Image.Resampling.BOX)
     assert PHOTOS[1].tobytes() == before
+
+
+class Broken:
+    """An extension that fails, as cykooz.resizer does with Pillow 10's image capsule."""
+
+    def resize_pil(self, *args: object) -> None:
+        raise ValueError("PyCapsule_GetPointer called with incorrect name")
+
+
+class Garbage:
+    """An extension that writes wrong pixels (a Pillow whose memory layout it misreads)."""
+
+    def resize_pil(self, src: Image.Image, dst: Image.Image, options: object) -> None:
+        dst.paste((255, 0, 255), (0, 0, *dst.size))
+
+
+@pytest.mark.parametrize("extension", [Broken, Garbage, None])
+def test_a_failing_or_missing_extension_leaves_the_work_to_pillow(monkeypatch, extension):
+    monkeypatch.setattr(fast_resize, "Resizer", extension)
+    monkeypatch.setattr(fast_resize, "_USABLE", [])
+    assert not fast_resize.available()
+    size = (PHOTOS[0].width // 2, PHOTOS[0].height // 2)
+    out = shrink(PHOTOS[0], size, Image.Resampling.BOX)
+    assert out.tobytes() == PHOTOS[0].resize(size, Image.Resampling.BOX).tobytes()
+
+
+def test_an_unchecked_pillow_version_leaves_the_work_to_pillow(monkeypatch):
+    monkeypatch.setattr(fast_resize.PIL, "__version__", "99.0.0")
+    monkeypatch.setattr(fast_resize, "_USABLE", [])
+    assert not fast_resize.available()
 
 
 def test_threads_shrinking_at_once_get_what_one_thread_gets():
@@ -71,7 +126,7 @@ def test_decode_image_output_is_pillows_within_jpeg_noise(monkeypatch):
     stage = DecodeImage(DecodeImageOptions())
     stage.setup()
     fast = [stage.decode_one(b) for b in blobs]
-    monkeypatch.setattr(fast_resize, "Resizer", None)  # the fallback: Pillow's resample
+    monkeypatch.setattr(fast_resize, "_USABLE", [False])  # Pillow's resample, as a fallback
     plain = [stage.decode_one(b) for b in blobs]
     for (fast_bytes, fast_meta, _), (plain_bytes, plain_meta, _) in zip(fast, plain, strict=True):
         assert fast_meta == plain_meta and min(fast_meta["width"], fast_meta["height"]) == 256

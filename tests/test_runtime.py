@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from functools import partial
 from pathlib import Path
 
@@ -85,16 +86,36 @@ def test_a_pool_started_where_ray_runs_is_spawned_and_works(ray_session, tmp_pat
     """Forking a process whose Ray gRPC threads hold locks can hang its next GCS call."""
     spawned = LocalPool(2)
     try:
-        assert [w.process.pid for w in spawned.workers]  # started
-        assert spawned.context.get_start_method() == "spawn"
+        assert all(w.method == "spawn" and w.process.pid for w in spawned.workers)
         fn = partial(die_once, str(tmp_path / "died"))
         assert spawned.run(list(range(4)), fn) == [0, 10, 20, 30]
-        assert spawned.retried == 1
+        assert spawned.retried == 1 and all(w.method == "spawn" for w in spawned.workers)
+        # A function the workers cannot import (as a notebook's __main__ ones) goes by value.
+        module = types.ModuleType("mmcurate_test_dynamic")
+        exec("def triple(x):\n    return 3 * x\n", module.__dict__)
+        sys.modules[module.__name__] = module
+        assert spawned.run([1, 2], module.triple) == [3, 6]
     finally:
+        sys.modules.pop("mmcurate_test_dynamic", None)
         spawned.close()
     import ray
 
     assert ray.available_resources().get("CPU", 0) > 0  # the driver's GCS still answers
+
+
+def cannot_load() -> None:
+    raise ValueError("this task cannot be unpickled here")
+
+
+class Unloadable:
+    def __reduce__(self) -> tuple:
+        return cannot_load, ()
+
+
+def test_a_task_that_cannot_be_unpickled_fails_as_itself(pool):
+    with pytest.raises(ValueError, match="cannot be unpickled"):
+        pool.run([1, Unloadable()], square)
+    assert pool.run([3], square) == [9]  # the worker lived on
 
 
 def test_pool_runner_matches_the_in_process_runner(pool):
