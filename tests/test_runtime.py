@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from functools import partial
 from pathlib import Path
 
@@ -82,7 +81,7 @@ def test_a_dead_worker_is_replaced_and_its_task_rerun(pool, tmp_path):
         pool.run([1], always_die)  # dies on every try: fails after Ray's 3 retries
 
 
-def test_a_pool_started_where_ray_runs_is_spawned_and_works(ray_session, tmp_path):
+def test_a_pool_started_where_ray_runs_is_spawned_and_works(ray_session, tmp_path, monkeypatch):
     """Forking a process whose Ray gRPC threads hold locks can hang its next GCS call."""
     spawned = LocalPool(2)
     try:
@@ -90,13 +89,15 @@ def test_a_pool_started_where_ray_runs_is_spawned_and_works(ray_session, tmp_pat
         fn = partial(die_once, str(tmp_path / "died"))
         assert spawned.run(list(range(4)), fn) == [0, 10, 20, 30]
         assert spawned.retried == 1 and all(w.method == "spawn" for w in spawned.workers)
-        # A function the workers cannot import (as a notebook's __main__ ones) goes by value.
-        module = types.ModuleType("mmcurate_test_dynamic")
-        exec("def triple(x):\n    return 3 * x\n", module.__dict__)
-        sys.modules[module.__name__] = module
-        assert spawned.run([1, 2], module.triple) == [3, 6]
+        # A function of the driver's __main__ (a notebook's) goes by value: a spawned worker's
+        # __main__ is not the driver's, so a reference to it would not load there.
+        namespace: dict = {"__name__": "__main__"}
+        exec("def mmcurate_triple(x):\n    return 3 * x\n", namespace)
+        monkeypatch.setattr(
+            sys.modules["__main__"], "mmcurate_triple", namespace["mmcurate_triple"], raising=False
+        )
+        assert spawned.run([1, 2], namespace["mmcurate_triple"]) == [3, 6]
     finally:
-        sys.modules.pop("mmcurate_test_dynamic", None)
         spawned.close()
     import ray
 
