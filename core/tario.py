@@ -12,7 +12,6 @@ plain ustar name field and the tars carry no PAX headers at all.
 from __future__ import annotations
 
 import hashlib
-import io
 import re
 import tarfile
 import unicodedata
@@ -101,25 +100,57 @@ def sample_members(sample: dict[str, Any]) -> list[tuple[str, bytes]]:
     return members
 
 
-def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = 0o444
-    info.mtime = 0
-    tar.addfile(info, io.BytesIO(data))
+BLOCK = tarfile.BLOCKSIZE  # 512: headers and data are padded to whole blocks
+RECORD = tarfile.RECORDSIZE  # 10,240: tarfile pads a closed archive to whole records
+MEMBER_MODE = 0o444
+USTAR_MAX_SIZE = 8**11 - 1  # the largest size the 11-digit octal field holds (8 GiB)
+# The fixed fields of a regular file's ustar header after name, mode, size, checksum:
+# as tarfile writes them for mode 0o444, uid/gid 0, mtime 0 and empty user and group names.
+_MODE_IDS = b"0000444\x000000000\x000000000\x00"
+_AFTER_SIZE = b"00000000000\x00"  # mtime 0
+# Type `0`, no link name, the ustar magic, then empty user/group names, device numbers
+# (tarfile leaves them empty for regular files) and prefix.
+_AFTER_CHECKSUM = b"0" + b"\x00" * 100 + b"ustar\x0000" + b"\x00" * (64 + 16 + 167)
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The tar header of one member, byte for byte what tarfile writes for it in PAX format
+    (a plain ustar header when the name fits, else with a PAX record). Packing the ustar
+    fields directly is ~10x faster than tarfile's TarInfo, which mattered at ~0.2 ms a sample."""
+    if not (fits_ustar(name) and size <= USTAR_MAX_SIZE):
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = size, MEMBER_MODE, 0
+        return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+    head = name.encode("ascii").ljust(100, b"\x00") + _MODE_IDS + b"%011o\x00" % size + _AFTER_SIZE
+    # The checksum field counts as 8 spaces while the sum is taken (POSIX).
+    checksum = sum(head) + 8 * 0x20 + sum(_AFTER_CHECKSUM)
+    return head + b"%06o\x00 " % checksum + _AFTER_CHECKSUM
+
+
+def write_member(out: IO[bytes], name: str, data: bytes) -> int:
+    """Header, data and padding of one member; returns the bytes written."""
+    header = member_header(name, len(data))
+    padding = -len(data) % BLOCK
+    out.write(header)
+    out.write(data)
+    if padding:
+        out.write(b"\x00" * padding)
+    return len(header) + len(data) + padding
 
 
 def write_tar(samples: Iterable[dict[str, Any]], fileobj: IO[bytes]) -> list[tuple[int, int]]:
-    """Write samples as one tar (PAX, uncompressed); returns each sample's (offset, length).
+    """Write samples as one tar (uncompressed; ustar headers, PAX only for a name that does not
+    fit) and close it as tarfile does; returns each sample's (offset, length).
 
     A sample's span holds its members' headers and padded data, so spans can be copied from
     one tar into another byte for byte (the final shards are assembled that way).
     """
-    spans = []
-    with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for sample in samples:
-            start = tar.offset
-            for name, data in sample_members(sample):
-                add_member(tar, name, data)
-            spans.append((start, tar.offset - start))
+    spans, offset = [], 0
+    for sample in samples:
+        start = offset
+        for name, data in sample_members(sample):
+            offset += write_member(fileobj, name, data)
+        spans.append((start, offset - start))
+    end = offset + 2 * BLOCK
+    fileobj.write(b"\x00" * (2 * BLOCK + -end % RECORD))
     return spans
