@@ -263,3 +263,50 @@ def test_a_local_build_never_loads_ray(tmp_path):
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
     assert "staging 1 URL list file(s) as parquet" in done.stderr  # staging ran, in a task
     assert not [name for name in imported if name == "ray" or name.startswith("ray.")]
+
+
+def test_an_image_folder_build_command_never_imports_pandas(tmp_path):
+    """pyarrow imports pandas (~0.27 s) on its first Python list only to ask whether it is a
+    pandas object; the build command's own process skips that probe, and a small build's
+    decide phase has nothing to route. Observed from outside, workers included."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, name in enumerate(["astronaut", "coffee", "chelsea"] * 2):
+        (folder / f"{name}{i}.jpg").write_bytes(photo_bytes(name))
+        (folder / f"{name}{i}.txt").write_text(f"a photo of {name}")
+    cfg = {
+        "source": {"kind": "images", "path": str(folder), "files_per_task": 2},
+        "stages": [{"name": "decode_image", "resize": {"size": 32}}, {"name": "exact_dedupe"}],
+        "output": {"path": str(tmp_path / "out")},
+        "ray": {"runtime": "local", "num_cpus": 2},
+    }
+    config = tmp_path / "build.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-X", "importtime", "-m", "pipeline", "build", str(config)]
+    done = subprocess.run(cmd + ["--no-progress"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["samples"] == 3
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert "pyarrow.parquet" in imported  # importtime saw the build's imports
+    assert not [name for name in imported if name.startswith("pandas.")]  # only the probe's try
+
+
+def test_the_skipped_pandas_probe_leaves_pandas_usable():
+    """After the skipped probe pyarrow still converts lists; the first call that needs pandas
+    imports it, and from then on pyarrow reads pandas objects as pandas (NaN as null)."""
+    script = """
+import sys
+from pipeline.cli import skip_pandas_probe
+skip_pandas_probe()
+import pyarrow as pa
+assert "pandas" not in sys.modules
+assert pa.table({"a": [1, None]}).to_pydict() == {"a": [1, None]}
+assert "pandas" not in sys.modules
+frame = pa.table({"a": [1.5, None]}).to_pandas()
+import pandas as pd
+assert isinstance(frame, pd.DataFrame) and frame["a"].isna().tolist() == [False, True]
+assert pa.array(pd.Series([1.0, float("nan")])).null_count == 1
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

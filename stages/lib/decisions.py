@@ -49,6 +49,8 @@ def split_by(block: pa.Table, route: np.ndarray, partitions: int) -> list[pa.Tab
 
 def route_by_text(block: pa.Table, partitions: int, column: str) -> list[pa.Table]:
     """Rows split by a stable hash of a text column (the same on every machine and run)."""
+    if partitions == 1:  # nothing to route (and a small build skips importing pandas)
+        return [block]
     import pandas as pd  # here, not at import: every build imports the stages
 
     values = block[column].to_numpy(zero_copy_only=False)
