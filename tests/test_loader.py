@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -565,3 +566,55 @@ def test_training_mixes_two_manifests_by_weight(uneven_manifest, tmp_path):
     mixed = [k for k in keys if k.startswith("m")]
     assert len(mixed) == 128 and all(mixed.count(k) == 2 for k in set(mixed))  # each twice
     assert len({k for k in keys if k.startswith("k")}) == 256  # a quarter, each once
+
+
+ORPHANING_TRAINER = """
+import os, sys
+import multiprocessing
+from pathlib import Path
+from tests.test_loader import write_uneven_shards
+from trainer.config import TrainConfig
+from trainer.data import ImageTransform, ShardDataset, make_loader
+from trainer.manifest import read_manifest
+from trainer.models import build_model
+import torch
+
+cfg = TrainConfig.model_validate({"data": {"manifest": "x"}, "run": {"output": "x"}})
+_, preprocess, tokenizer = build_model(cfg.model, torch.device("cpu"))
+manifest = write_uneven_shards(Path(sys.argv[1]), sizes=(40, 40))
+dataset = ShardDataset(read_manifest(str(manifest)), ImageTransform(preprocess), tokenizer,
+                       batch_size=4)
+dataset.set_epoch(0, epochs=None)  # endless: the workers never run out on their own
+batches = iter(make_loader(dataset, workers=2, hold=1))
+next(batches)
+print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+os._exit(0)  # as a killed trainer: no exit handler stops the daemon workers
+"""
+
+
+def test_loader_workers_exit_when_the_training_process_is_gone(tmp_path):
+    out = tmp_path / "trainer.log"  # a file, not a pipe: orphans would hold a pipe open
+    with out.open("w") as log:
+        code = subprocess.call(
+            [sys.executable, "-c", ORPHANING_TRAINER, str(tmp_path)],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
+    assert code == 0, out.read_text()[-2000:]
+    pids = [int(p) for p in out.read_text().split()[-2:]]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 120  # a bound, not a timing claim: they check every 5 s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if alive(pid)]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -34,7 +34,7 @@ from core.storage import release_sessions
 from trainer.batch import Batch, NoData
 from trainer.manifest import NoUsableData
 
-WAIT_S = 5.0  # how often a waiting training process checks that the worker is still alive
+WAIT_S = 5.0  # how often a waiting process checks that the other side is still alive
 # Views a CUDA training process keeps: the batch whose copy to the device may still run (its
 # slot goes back only after the copy's event, trainer/prefetch.py) and the one drawn next.
 DEVICE_HOLD = 2
@@ -92,7 +92,8 @@ class Ring:
 
     def claim(self) -> int:
         """The slot the next batch goes to, once the training process has given it back."""
-        self.free.acquire()
+        while not self.free.acquire(timeout=WAIT_S):
+            exit_if_orphaned()
         return self.written % len(self.images)
 
     def out(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,6 +231,17 @@ def view(item: Any, rings: dict[str, Ring], held: deque, worker: int) -> Batch:
     return Batch(ring.images[item.slot], ring.tokens[item.slot], *item[3:])
 
 
+_PARENT: list[int] = []  # in a loader worker: the training process's pid
+
+
+def exit_if_orphaned() -> None:
+    """End this loader worker when the training process that started it is gone (killed, or
+    left through `os._exit`, which skips the exit handler that stops daemon workers): its
+    slots will never be given back, and an orphan would hold its memory and pipes forever."""
+    if _PARENT and os.getppid() != _PARENT[0]:
+        os._exit(0)
+
+
 def work(
     dataset: Any,
     worker: int,
@@ -241,6 +253,7 @@ def work(
     stop: Any,
 ) -> None:
     """A worker process: the dataset's batches for this worker, into its ring, in order."""
+    _PARENT[:] = [os.getppid()]
     torch.set_num_threads(1)  # as DataLoader workers: the cores are the workers'
     torch.manual_seed(seed + worker)
     random.seed(seed + worker)
@@ -250,6 +263,7 @@ def work(
         for item in dataset:
             if stop.is_set():
                 break
+            exit_if_orphaned()  # batches sent whole never wait for a slot
             messages.put(item)
         messages.put(Done(None))
     except BaseException:  # noqa: BLE001 - handed to the training process, which raises it

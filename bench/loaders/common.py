@@ -50,7 +50,13 @@ def parse_args(name: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=40, help="measured batches")
-    parser.add_argument("--warmup", type=int, default=3, help="batches before measuring")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=20,
+        help="batches before measuring: enough for the batches each loader prefetched while "
+        "it started (up to 4 per worker) to be drawn, so the top rate is the steady one",
+    )
     parser.add_argument("--model", default="ViT-B-32", help="open_clip model (transform only)")
     parser.add_argument("--step-ms", type=float, default=None, help="simulated GPU step per batch")
     parser.add_argument(
