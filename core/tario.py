@@ -145,7 +145,7 @@ def write_tar(samples: Iterable[dict[str, Any]], fileobj: IO[bytes]) -> list[tup
     A sample's span holds its members' headers and padded data, so spans can be copied from
     one tar into another byte for byte (the final shards are assembled that way).
     """
-    spans, offset = [], 0
+    spans, offset = [], fileobj.tell()  # as tarfile: offsets are positions in the file
     for sample in samples:
         start = offset
         for name, data in sample_members(sample):

@@ -94,6 +94,8 @@ def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int
     from pipeline.raysession import prestart, shutdown
 
     if exit_when_done:
+        from core.pandas_probe import skip_pandas_probe
+
         skip_pandas_probe()
     overrides = list(args.overrides) + (["output.overwrite=true"] if args.overwrite else [])
     overrides += ["output.allow_other_files=true"] if args.allow_other_files else []
@@ -118,34 +120,6 @@ def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int
         sys.stderr.flush()
         os._exit(0)
     return 0
-
-
-class _NoPandas:
-    """A meta path finder that makes `import pandas` fail (around one probe only)."""
-
-    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name == "pandas":
-            raise ImportError("pandas is skipped for pyarrow's first-list probe")
-
-
-def skip_pandas_probe() -> None:
-    """pyarrow imports pandas (~0.27 s) the first time it is handed a Python list, only to ask
-    whether the list is a pandas object. Here that probe finds no pandas, so pyarrow answers
-    "not pandas" without importing it; calls that need pandas (`to_pandas`, `from_pandas`)
-    import it then, and pyarrow knows pandas objects again from that call on. For the build
-    command's own process only: build code never hands pyarrow pandas objects, while a
-    library caller's code might (before its first `to_pandas`, a Series would be read as a
-    plain sequence)."""
-    import pyarrow as pa
-
-    if "pandas" in sys.modules:
-        return
-    blocker = _NoPandas()
-    sys.meta_path.insert(0, blocker)
-    try:
-        pa.array([0])
-    finally:
-        sys.meta_path.remove(blocker)
 
 
 def print_summary(cfg: BuildConfig) -> None:

@@ -89,7 +89,7 @@ def prestart(cfg: BuildConfig) -> str:
 def warm_imports() -> None:
     """What every task imports, loaded once before the workers fork (they inherit it):
     pyarrow loads pandas (~0.27 s) on its first array, in every process that makes one
-    (the build command's own process skips that: `pipeline.cli.skip_pandas_probe`)."""
+    (the build command's own process skips that: `core.pandas_probe`)."""
     import pyarrow as pa
 
     pa.array([0])

@@ -25,6 +25,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from core.config_io import ConfigError, one_line
+from core.pandas_probe import pandas_for_nanoseconds
 from core.storage import filesystem, protocol_of, with_protocol, with_retries
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
@@ -242,6 +243,7 @@ def read_urls(part: dict[str, Any], storage_options: dict[str, Any]) -> dict[str
         )
     path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)[1]
     batch = empty_batch()
+    pandas_for_nanoseconds(table.schema)
     for index, row in enumerate(table.to_pylist()):
         sample = url_sample(row, part, part["first_key"] + index)
         sample.update({"__part__": part["part"], "__index__": index, "__source__": path})

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from core.config_io import ConfigError
+from core.pandas_probe import pandas_for_nanoseconds
 from core.storage import filesystem, protocol_of, with_protocol
 from core.tario import safe_key
 from pipeline.config import SourceConfig
@@ -77,6 +78,7 @@ def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
             raise ConfigError(f"source: column {column!r} not in {cfg.path}")
     folder = cfg.path.rpartition("/")[0]
     rows = []
+    pandas_for_nanoseconds(table.schema)
     columns = zip(
         table[cfg.path_column].to_pylist(), table[cfg.caption_column].to_pylist(), strict=True
     )

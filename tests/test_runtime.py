@@ -296,7 +296,7 @@ def test_the_skipped_pandas_probe_leaves_pandas_usable():
     imports it, and from then on pyarrow reads pandas objects as pandas (NaN as null)."""
     script = """
 import sys
-from pipeline.cli import skip_pandas_probe
+from core.pandas_probe import skip_pandas_probe
 skip_pandas_probe()
 import pyarrow as pa
 assert "pandas" not in sys.modules
@@ -310,3 +310,33 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_nanosecond_columns_give_the_same_json_in_the_build_command(tmp_path):
+    """A URL list's nanosecond timestamp and duration columns reach the sample JSON as pyarrow
+    renders them with pandas (the build command skipped pandas until it met them)."""
+    server = Corpus().start()
+    try:
+        urls = [server.serve(f"/{i}.jpg", photo_bytes("coffee")) for i in range(2)]
+        path = tmp_path / "urls.parquet"
+        table = pa.table(
+            {
+                "url": urls,
+                "caption": ["a", "b"],
+                "seen": pa.array([1_000_000_001, 2_000_000_000], pa.timestamp("ns")),
+                "age": pa.array([1_000_000_000, 5], pa.duration("ns")),
+            }
+        )
+        pq.write_table(table, path)
+        config = tmp_path / "build.yaml"
+        config.write_text(yaml.safe_dump(tree(path, tmp_path / "out", "local")))
+        cmd = [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = pq.read_table(tmp_path / "out" / "shard-000000.parquet").to_pylist()
+    expected = [json.loads(json.dumps(r, default=str)) for r in table.drop(["url"]).to_pylist()]
+    got = {(r["seen"], r["age"]) for r in rows}
+    assert got == {(e["seen"], e["age"]) for e in expected}
+    assert ("1970-01-01 00:00:01.000000001", "0 days 00:00:01") in got

@@ -89,3 +89,38 @@ def test_names_that_do_not_fit_ustar_get_a_pax_record():
         data = header + b"hello" + b"\0" * (507 + 1024)
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             assert [(m.name, tar.extractfile(m).read()) for m in tar] == [(name, b"hello")]
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [
+        ("n" * 96 + ".jpg", 0),  # exactly 100 bytes: the plain name field, no NUL after it
+        ("n" * 97 + ".jpg", 1),  # 101: a PAX record
+        ("a.txt", 8**11 - 1),  # the largest size the octal field holds
+        ("a.txt", 8**11),  # one more: the size goes into a PAX record
+        ("x/" + "y" * 98, 7),
+        ("nul\x00.txt", 3),
+    ],
+)
+def test_member_header_equals_tarfile_at_the_edges(name, size):
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o444, 0
+    assert member_header(name, size) == info.tobuf(
+        tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"
+    )
+
+
+def test_spans_are_positions_in_the_file_as_with_tarfile():
+    samples = random_samples(seed=3, n=4)
+    out = io.BytesIO()
+    out.write(b"abc")
+    spans = write_tar(samples, out)
+    reference = io.BytesIO()
+    reference.write(b"abc")
+    with tarfile.open(fileobj=reference, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for sample in samples:
+            for member, data in sample_members(sample):
+                info = tarfile.TarInfo(member)
+                info.size, info.mode, info.mtime = len(data), 0o444, 0
+                tar.addfile(info, io.BytesIO(data))
+    assert spans[0][0] == 3 and out.getvalue() == reference.getvalue()

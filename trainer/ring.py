@@ -160,6 +160,7 @@ class RingLoader:
                     free[worker],
                     queues[worker],
                     stop,
+                    os.getpid(),
                 ),
                 name=f"mmcurate-loader-{worker}",
                 daemon=True,
@@ -251,9 +252,12 @@ def work(
     free: Any,
     messages: Any,
     stop: Any,
+    parent: int,
 ) -> None:
-    """A worker process: the dataset's batches for this worker, into its ring, in order."""
-    _PARENT[:] = [os.getppid()]
+    """A worker process: the dataset's batches for this worker, into its ring, in order.
+    `parent`: the training process's pid, taken before the fork (it may already be gone)."""
+    _PARENT[:] = [parent]
+    exit_if_orphaned()
     torch.set_num_threads(1)  # as DataLoader workers: the cores are the workers'
     torch.manual_seed(seed + worker)
     random.seed(seed + worker)
@@ -265,6 +269,7 @@ def work(
                 break
             exit_if_orphaned()  # batches sent whole never wait for a slot
             messages.put(item)
+        exit_if_orphaned()  # nobody would read it: exiting would wait on a full pipe
         messages.put(Done(None))
     except BaseException:  # noqa: BLE001 - handed to the training process, which raises it
         messages.put(Done(traceback.format_exc()))
