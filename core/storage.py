@@ -41,6 +41,19 @@ def is_local(fs: Any) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
+def find_files(fs: Any, root: str) -> list[str]:
+    """Every file under `root`, as `fs.find` lists them (a symlinked folder is listed, not
+    entered). A local folder is walked without fsspec's stat of each file: 3,000 photos in
+    ~5 ms instead of ~60 ms."""
+    if not is_local(fs):
+        return fs.find(root)
+    found = []
+    for folder, folders, names in os.walk(root):
+        links = [d for d in folders if os.path.islink(os.path.join(folder, d))]
+        found += [os.path.join(folder, name) for name in (*names, *links)]
+    return found
+
+
 def quick_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """Options for a reachability probe: short timeouts, few retries, no cached instance."""
     options = dict(storage_options)
@@ -95,11 +108,13 @@ def storage_errors() -> tuple[type[BaseException], ...]:
 def with_retries(fn: Callable[[], T], attempts: int = 6, base_s: float = 0.25) -> T:
     """Call `fn`, retrying transient storage errors with exponential backoff and full jitter
     (at most ~16 s of sleeping, on top of the client's own retries)."""
-    transient = transient_errors()
     for attempt in range(attempts):
         try:
             return fn()
-        except transient as err:
+        except Exception as err:  # the error types are looked up only on failure: botocore's
+            # import costs each worker ~6 ms, and most calls never fail
+            if not isinstance(err, transient_errors()):
+                raise
             permanent = isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError))
             if permanent or attempt == attempts - 1:
                 raise

@@ -19,13 +19,14 @@ import numpy as np
 
 from core.config_io import ConfigError
 from stages.base import Stage
-from stages.lib.clip_model import ClipModel, prepare_images
 
 log = logging.getLogger("mmcurate.actors")
 
 
 class ModelActor:
     def __init__(self, name: str, pretrained: str | None, device: str, precision: str) -> None:
+        from stages.lib.clip_model import ClipModel  # here: builds without a model skip it
+
         self.model = ClipModel(name, pretrained, device, precision)
 
     def transform(self) -> tuple[Any, int]:
@@ -52,6 +53,8 @@ class RemoteEncoder:
         return handle
 
     def prepare(self, images: list[bytes]) -> tuple[list, list]:
+        from stages.lib.clip_model import prepare_images
+
         return prepare_images(images, self.transform, self.side)
 
     def encode(self, pixels: np.ndarray, texts: list[str] | None) -> tuple:

@@ -60,6 +60,7 @@ from pipeline.resume import (
     signatures_name,
 )
 from pipeline.shards import (
+    candidate_metadata,
     candidate_name,
     metadata_name,
     plan_metadata_fields,
@@ -223,9 +224,7 @@ def write_candidate(samples: list[dict], url: str, cfg: BuildConfig) -> list[tup
 
 def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) -> None:
     """Key, caption and JSON of the live samples, for the per-shard metadata parquet."""
-    columns = ("__key__", "txt", "json")
-    table = pa.table({c: pa.array([s.get(c) for s in samples], pa.string()) for c in columns})
-    write_parquet(table, url, cfg.storage_options)
+    write_parquet(candidate_metadata(samples), url, cfg.storage_options)
 
 
 # ---- phase B: decisions on partitioned signatures (pipeline/decide.py) -----------------------

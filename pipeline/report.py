@@ -46,7 +46,8 @@ def render_report(
         manifest = json.loads(fs.cat_file(join(root, "manifest.json")))
     stats = json.loads(fs.cat_file(join(root, "stats.json")))
     with fs.open(join(root, "signatures", "part-000000.parquet"), "rb") as f:
-        rows = pq.read_table(f).slice(0, REPORT_ROWS).to_pylist()  # a sample of big builds
+        # a sample of big builds; ParquetFile, as read_table imports pyarrow.dataset (~35 ms)
+        rows = pq.ParquetFile(f).read().slice(0, REPORT_ROWS).to_pylist()
     keepers = duplicate_groups(rows)
     kept = kept_samples(fs, root, manifest, set(keepers))
     source_fs, _ = filesystem(source or manifest["config"]["source"]["path"], storage_options)

@@ -27,6 +27,7 @@ from core.storage import filesystem, join, open_atomic, with_retries, write_parq
 from stages.base import sample_meta
 
 TAR_END_BYTES = 1024  # two zero blocks close a tar
+FIELDS_KEY = b"mmcurate.fields"  # in a candidate metadata file's footer: its field kinds
 
 
 def shard_name(index: int) -> str:
@@ -108,7 +109,7 @@ def spec_metadata(candidates_url: str, spec: dict, storage_options: dict) -> lis
 def read_candidate_metadata(candidates_url: str, part: int, storage_options: dict) -> list[dict]:
     fs, path = filesystem(join(candidates_url, metadata_name(part)), storage_options)
     blob = with_retries(lambda: fs.cat_file(path))
-    return pq.read_table(io.BytesIO(blob)).to_pylist()
+    return pq.ParquetFile(io.BytesIO(blob)).read().to_pylist()  # read_table: +pyarrow.dataset
 
 
 def metadata_row(record: dict[str, Any]) -> dict[str, Any]:
@@ -213,14 +214,29 @@ def row_fields(rows: list[dict[str, Any]]) -> dict[str, str]:
     return fields
 
 
+def candidate_metadata(samples: list[dict[str, Any]]) -> pa.Table:
+    """A partition's candidate metadata (phase A): key, caption and JSON text of its live
+    samples; the footer carries their field kinds, so the build's schema is planned from
+    footers alone (`part_fields`)."""
+    columns = ("__key__", "txt", "json")
+    table = pa.table({c: pa.array([s.get(c) for s in samples], pa.string()) for c in columns})
+    fields = row_fields([metadata_row(s) for s in samples])
+    return table.replace_schema_metadata({FIELDS_KEY: json.dumps(fields)})
+
+
 def part_fields(candidates_url: str, parts: list[int], storage_options: dict) -> dict[str, str]:
     """Field kinds of some partitions' candidate metadata (a task body)."""
     fields: dict[str, str] = {}
     for part in parts:
-        rows = [
-            metadata_row(r) for r in read_candidate_metadata(candidates_url, part, storage_options)
-        ]
-        fields = merge_fields(fields, row_fields(rows))
+        fs, path = filesystem(join(candidates_url, metadata_name(part)), storage_options)
+        with with_retries(lambda: fs.open(path, "rb")) as f:  # noqa: B023
+            footer = pq.ParquetFile(f).schema_arrow.metadata or {}
+        if FIELDS_KEY in footer:
+            found = json.loads(footer[FIELDS_KEY])
+        else:  # written without them (by an older mmcurate): from the rows
+            rows = read_candidate_metadata(candidates_url, part, storage_options)
+            found = row_fields([metadata_row(r) for r in rows])
+        fields = merge_fields(fields, found)
     return fields
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from core.config_io import ConfigError
 from core.storage import (
     filesystem,
+    find_files,
     protocol_of,
     transient_errors,
     with_protocol,
@@ -49,7 +50,7 @@ def plan_images(
     fs, root = filesystem(cfg.path, storage_options)
     if not fs.isdir(root):
         raise ConfigError(f"source.path: folder not found: {cfg.path}")
-    listing = fs.find(root)  # once: on object stores every listing is many requests
+    listing = find_files(fs, root)  # once: on object stores every listing is many requests
     files = sorted(p for p in listing if p.rpartition(".")[2].lower() in exts)
     texts = {p for p in listing if p.endswith(".txt")}
     root = root.rstrip("/")

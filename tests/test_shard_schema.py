@@ -14,7 +14,9 @@ import pytest
 
 from core.mapreduce import LocalRunner
 from pipeline.shards import (
+    FIELDS_KEY,
     HashingWriter,
+    candidate_metadata,
     merge_kind,
     metadata_name,
     metadata_row,
@@ -96,20 +98,33 @@ def test_without_planned_fields_a_shard_still_writes_its_own_rows():
     assert table.num_rows == 2 and table.schema.field("num").type == pa.string()
 
 
-def test_fields_are_planned_from_every_partitions_candidates(tmp_path):
+def candidate_records(part: int, rows: list[dict]) -> list[dict]:
+    """Phase A's candidate metadata records for `rows`, plus one whose JSON is broken."""
+    records = [
+        {
+            "__key__": r["key"],
+            "txt": r["caption"],
+            "json": json.dumps({k: v for k, v in r.items() if k not in ("key", "caption")}),
+        }
+        for r in rows
+    ]
+    return [*records, {"__key__": f"bad{part}", "txt": None, "json": "[not an object"}]
+
+
+@pytest.mark.parametrize("footers", ["none", "all", "some"])
+def test_fields_are_planned_from_every_partitions_candidates(tmp_path, footers):
+    """From the field kinds phase A put in each file's footer, or from the rows of a file
+    written without them (an older mmcurate's unfinished build): the same schema."""
     for part, rows in enumerate((FIRST, SECOND, [])):
-        records = [
-            {
-                "__key__": r["key"],
-                "txt": r["caption"],
-                "json": json.dumps({k: v for k, v in r.items() if k not in ("key", "caption")}),
-            }
-            for r in rows
-        ]
-        records.append({"__key__": f"bad{part}", "txt": None, "json": "[not an object"})
-        table = pa.table(
-            {c: pa.array([r[c] for r in records], pa.string()) for c in ("__key__", "txt", "json")}
-        )
+        records = candidate_records(part, rows)
+        if footers == "all" or (footers == "some" and part == 1):
+            table = candidate_metadata(records)
+            assert json.loads(table.schema.metadata[FIELDS_KEY]) == row_fields(
+                [metadata_row(r) for r in records]
+            )
+        else:
+            columns = ("__key__", "txt", "json")
+            table = pa.table({c: pa.array([r[c] for r in records], pa.string()) for c in columns})
         pq.write_table(table, tmp_path / metadata_name(part))
     planned = plan_metadata_fields(str(tmp_path), [0, 1, 2], {}, LocalRunner())
     assert planned == row_fields(FIRST + SECOND)
@@ -117,6 +132,15 @@ def test_fields_are_planned_from_every_partitions_candidates(tmp_path):
         "key": "k",
         "caption": "c",
     }
+
+
+def test_planned_fields_come_from_the_footer_when_it_has_them(tmp_path):
+    """The footer is what is read: rows are not parsed again in the driver."""
+    table = candidate_metadata(candidate_records(0, FIRST))
+    footer = {FIELDS_KEY: json.dumps({"key": "string", "caption": "string", "only": "bool"})}
+    pq.write_table(table.replace_schema_metadata(footer), tmp_path / metadata_name(0))
+    planned = plan_metadata_fields(str(tmp_path), [0], {}, LocalRunner())
+    assert planned == {"key": "string", "caption": "string", "only": "bool"}
 
 
 def test_hashing_writer_hashes_exactly_the_bytes_written_in_order(tmp_path):
