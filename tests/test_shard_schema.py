@@ -151,3 +151,30 @@ def test_hashing_writer_hashes_exactly_the_bytes_written_in_order(tmp_path):
     written = (tmp_path / "f").read_bytes()
     assert written == b"".join(blocks) and out.size == len(written)
     assert out.sha256 == hashlib.sha256(written).hexdigest()
+
+
+@pytest.mark.parametrize("mode", ["wb", "ab"])  # "ab": the kernel refuses, the plain way runs
+def test_hashing_writer_copies_runs_of_a_local_file_between_writes(tmp_path, mode):
+    source = tmp_path / "candidate.tar"
+    source.write_bytes(os.urandom(5 << 20))
+    data = source.read_bytes()
+    runs = [(0, 10), (10, 512), (4096, 3 << 20), ((3 << 20) + 7, 5 << 20)]
+    with open(tmp_path / "f", mode) as target, HashingWriter(target) as out:
+        out.write(b"head")
+        out.copy_runs(str(source), runs[:2])
+        out.copy_runs(str(source), [])
+        out.write(b"middle")
+        out.copy_runs(str(source), runs[2:])
+        out.write(b"\0" * 1024)
+    expected = b"head" + data[:512] + b"middle" + data[4096 : 3 << 20] + data[(3 << 20) + 7 :]
+    written = (tmp_path / "f").read_bytes()
+    assert written == expected + b"\0" * 1024 and out.size == len(written)
+    assert out.sha256 == hashlib.sha256(written).hexdigest()
+
+
+def test_a_candidate_shorter_than_its_spans_fails_the_shard(tmp_path):
+    source = tmp_path / "candidate.tar"
+    source.write_bytes(b"x" * 1000)
+    with pytest.raises(OSError, match="ended at byte 1000"):
+        with open(tmp_path / "f", "wb") as target, HashingWriter(target) as out:
+            out.copy_runs(str(source), [(0, 1500)])
