@@ -29,6 +29,7 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
+from bytecode import compile_all
 from photos import make_photos
 from PIL import Image
 
@@ -125,6 +126,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="reference then each runtime, again")
     args = parser.parse_args()
+    compile_all()
     root = Path(args.out)
     folder = root / "in"
     if len(list(folder.glob("*.jpg"))) != args.n:  # the photos are reused when they match

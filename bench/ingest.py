@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from bytecode import compile_all
 from photos import make_photos
 
 from pipeline.objectstore import loopback_only_env
@@ -259,6 +260,7 @@ def main() -> None:
     if shutil.which("nginx") is None:
         sys.exit("bench/ingest.py needs nginx on PATH: apt-get install -y nginx")
     exe = ensure_img2dataset()
+    compile_all()  # img2dataset's venv has its bytecode (pip wrote it); ours too
     root = Path(args.root or tempfile.mkdtemp(prefix="mmcurate-ingest-"))
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)  # nginx workers run unprivileged and must read the photos
