@@ -62,8 +62,8 @@ def read_table(fs: Any, path: str, text_columns: tuple[str, ...] = ()) -> pa.Tab
     fmt = file_format(path)
     compression = "gzip" if path.endswith(".gz") else None
     with fs.open(path, "rb", compression=compression) as src:
-        if fmt == "parquet":
-            return pq.read_table(src)
+        if fmt == "parquet":  # ParquetFile: read_table imports pyarrow.dataset (~35 ms)
+            return pq.ParquetFile(src).read()
         if fmt == "jsonl":
             return pajson.read_json(src)
         names = pacsv.open_csv(src, parse_options=csv_parse(fmt)).schema.names  # first block
@@ -218,7 +218,7 @@ def part_table(part: dict[str, Any], storage_options: dict[str, Any]) -> pa.Tabl
     """Just this partition's rows (and used columns)."""
     if part.get("staged_url"):
         fs, path = filesystem(part["staged_url"], storage_options)
-        return pq.read_table(io.BytesIO(with_retries(lambda: fs.cat_file(path))))
+        return pq.ParquetFile(io.BytesIO(with_retries(lambda: fs.cat_file(path)))).read()
     fs, path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)
     columns, how = part.get("columns"), part.get("read", "whole")  # a hand-made part: whole
     if how == "row_groups":
