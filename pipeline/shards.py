@@ -263,7 +263,7 @@ def candidate_metadata(samples: list[dict[str, Any]]) -> pa.Table:
     footers alone (`part_fields`)."""
     columns = ("__key__", "txt", "json")
     table = pa.table({c: pa.array([s.get(c) for s in samples], pa.string()) for c in columns})
-    fields = row_fields([metadata_row(s) for s in samples])
+    fields = row_fields([metadata_row(r) for r in table.to_pylist()])  # as the rows read back
     return table.replace_schema_metadata({FIELDS_KEY: json.dumps(fields)})
 
 
@@ -272,15 +272,19 @@ def part_fields(candidates_url: str, parts: list[int], storage_options: dict) ->
     fields: dict[str, str] = {}
     for part in parts:
         fs, path = filesystem(join(candidates_url, metadata_name(part)), storage_options)
-        with with_retries(lambda: fs.open(path, "rb")) as f:  # noqa: B023
-            footer = pq.ParquetFile(f).schema_arrow.metadata or {}
-        if FIELDS_KEY in footer:
-            found = json.loads(footer[FIELDS_KEY])
-        else:  # written without them (by an older mmcurate): from the rows
+        found = with_retries(lambda: footer_fields(fs, path))  # noqa: B023
+        if found is None:  # written without them (by an older mmcurate): from the rows
             rows = read_candidate_metadata(candidates_url, part, storage_options)
             found = row_fields([metadata_row(r) for r in rows])
         fields = merge_fields(fields, found)
     return fields
+
+
+def footer_fields(fs: Any, path: str) -> dict[str, str] | None:
+    """The field kinds in a candidate metadata file's footer; None if it has none."""
+    with fs.open(path, "rb") as f:
+        footer = pq.ParquetFile(f).schema_arrow.metadata or {}
+    return json.loads(footer[FIELDS_KEY]) if FIELDS_KEY in footer else None
 
 
 def plan_metadata_fields(

@@ -244,11 +244,15 @@ def cpu_seconds() -> float:
     """CPU time of this process, its finished children and its live ones (the workers)."""
     own = os.times()
     total = own.user + own.system + own.children_user + own.children_system
+    pids = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         with contextlib.suppress(OSError):
-            for pid in (task / "children").read_text().split():
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            pids += (task / "children").read_text().split()
+    for pid in pids:
+        with contextlib.suppress(OSError):  # one reaped since the listing is skipped
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks = sum(int(f) for f in fields[11:15])  # utime, stime, and its own children's
+            total += ticks / os.sysconf("SC_CLK_TCK")
     return total
 
 
