@@ -14,7 +14,6 @@ and skipped (counted, logged) when unusable.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -42,6 +41,7 @@ from trainer.reader import ShardReader
 from trainer.ring import Batches, Ring, RingLoader, SlotRef, batch_priority
 from trainer.transform import (  # noqa: F401 - decode_rgb and open_image: for importers
     ImageTransform,
+    check_image_header,
     decode_rgb,
     frame_columns,
     open_image,
@@ -357,7 +357,7 @@ class ShardDataset(IterableDataset):
             if column is None:
                 return None
             if self.device_decode and column == "jpg":
-                Image.open(io.BytesIO(sample[column]))  # header and bomb checks only
+                check_image_header(sample[column])
                 return torch.frombuffer(bytearray(sample[column]), dtype=torch.uint8), text
             return self.transform(sample[column]), text
         except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -179,14 +180,76 @@ def decode_or_none(data: bytes, device: torch.device) -> torch.Tensor | None:
 
 
 def decode_rgb(data: bytes) -> torch.Tensor:
-    """uint8 [3, H, W] RGB. PIL reads the header first, so its decompression-bomb limit
-    applies to JPEGs too."""
-    image = Image.open(io.BytesIO(data))
-    if image.format == "JPEG":
-        with contextlib.suppress(RuntimeError):  # e.g. a CMYK JPEG: PIL handles it below
+    """uint8 [3, H, W] RGB. A JPEG's size is read from its frame header and held to PIL's
+    decompression-bomb limit before libjpeg-turbo decodes it; other formats, and a JPEG it
+    refuses (e.g. CMYK), go through PIL, which checks the same on open."""
+    size = jpeg_size(data)
+    if size is not None:
+        check_pixels(size)
+        with contextlib.suppress(RuntimeError):
             return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=RGB)
+    image = Image.open(io.BytesIO(data))
     image.load()
     return pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
+
+
+def check_image_header(data: bytes) -> None:
+    """The header and decompression-bomb checks of PIL's `Image.open`, which raises on a bad
+    one. Of a JPEG only the frame header is read: PIL's parse of every segment before it cost
+    ~0.04 ms an image, 2% of a loader worker's work."""
+    size = jpeg_size(data)
+    if size is None:
+        Image.open(io.BytesIO(data))
+    else:
+        check_pixels(size)
+
+
+def check_pixels(size: tuple[int, int]) -> None:
+    """PIL's decompression-bomb rule: an error over twice `Image.MAX_IMAGE_PIXELS`, a warning
+    over it (None: no limit)."""
+    pixels, limit = max(1, size[0]) * max(1, size[1]), Image.MAX_IMAGE_PIXELS
+    if limit and pixels > 2 * limit:
+        raise Image.DecompressionBombError(
+            f"Image size ({pixels} pixels) exceeds limit of {2 * limit} pixels"
+        )
+    if limit and pixels > limit:
+        warnings.warn(
+            f"Image size ({pixels} pixels) exceeds limit of {limit} pixels",
+            Image.DecompressionBombWarning,
+            stacklevel=3,
+        )
+
+
+JPEG_START = b"\xff\xd8\xff"
+FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOFn: not DHT, JPG, DAC
+NO_LENGTH_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RSTn: no segment follows
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header; None when `data` is not a JPEG or a
+    segment before its frame header is not well formed (PIL then reads the header)."""
+    if not data.startswith(JPEG_START):
+        return None
+    at, end = 2, len(data)
+    while at + 4 <= end and data[at] == 0xFF:
+        marker = data[at + 1]
+        if marker == 0xFF:  # a fill byte before the marker
+            at += 1
+            continue
+        if marker in NO_LENGTH_MARKERS:
+            at += 2
+            continue
+        length = int.from_bytes(data[at + 2 : at + 4], "big")
+        if marker in FRAME_MARKERS:
+            if length < 8 or at + 9 > end:
+                return None
+            height = int.from_bytes(data[at + 5 : at + 7], "big")
+            width = int.from_bytes(data[at + 7 : at + 9], "big")
+            return (width, height) if width and height else None
+        if length < 2 or marker in (0xD9, 0xDA):  # end of image or a scan before any frame
+            return None
+        at += 2 + length
+    return None
 
 
 def frame_columns(sample: dict[str, Any]) -> list[str]:

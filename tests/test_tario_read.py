@@ -1,0 +1,190 @@
+"""`iter_tar_samples` reads every tar exactly as tarfile's stream mode does: the same samples,
+and the same error (type and message) at the same point, for plain tars and every other kind
+(PAX, GNU, v7, links, folders, gzip) and for damaged ones (cut near every block boundary, bytes
+changed)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import random
+import tarfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from core.tario import group_samples, iter_tar_samples, write_tar
+
+
+def tarfile_samples(
+    fileobj: Any, start: int = 0, stop: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """The reader as it was before the fast path: tarfile's stream mode for every member."""
+    return group_samples(tarfile_files(fileobj), start, stop)
+
+
+def tarfile_files(fileobj: Any) -> Iterator[tuple[str, Any]]:
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        for member in tar:
+            if member.isfile():
+                yield member.name, tar.extractfile(member).read
+
+
+def outcome(reader: Any, raw: bytes, start: int = 0, stop: int | None = None) -> tuple:
+    """(samples read before the end or the error, the error's type and text or None)."""
+    got: list[dict] = []
+    try:
+        for sample in reader(io.BytesIO(raw), start, stop):
+            got.append(sample)
+    except Exception as err:  # noqa: BLE001 - compared as data
+        return got, (type(err).__name__, str(err))
+    return got, None
+
+
+def assert_same(raw: bytes, start: int = 0, stop: int | None = None) -> tuple:
+    expected = outcome(tarfile_samples, raw, start, stop)
+    assert outcome(iter_tar_samples, raw, start, stop) == expected
+    return expected
+
+
+def samples(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {"__key__": f"s{i:03d}", "jpg": rng.randbytes(rng.randrange(0, 1500)), "txt": b"a cat"}
+        for i in range(n)
+    ]
+
+
+def ours(n: int = 4) -> bytes:
+    out = io.BytesIO()
+    write_tar(samples(n), out)
+    return out.getvalue()
+
+
+def library_tar(fmt: int, names: list[str], extra: Any = None) -> bytes:
+    """A tar written by tarfile in `fmt`, one member per name (`extra` adds others)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for i, name in enumerate(names):
+            data = f"member {i} {name}".encode() * (i + 1)
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000 + i
+            tar.addfile(info, io.BytesIO(data))
+            if extra is not None:
+                extra(tar, i)
+    return out.getvalue()
+
+
+LONG = "d" * 60 + "/" + "e" * 70 + "/k1.jpg"  # ustar splits it into prefix and name
+NAMES = ["k0.jpg", "k0.txt", LONG, "k2.jpg", "ключ.txt", "k3." + "x" * 120, "k4.json"]
+
+
+def with_links(tar: tarfile.TarFile, i: int) -> None:
+    folder = tarfile.TarInfo(f"dir{i}")
+    folder.type = tarfile.DIRTYPE
+    link = tarfile.TarInfo(f"k{i}.lnk")
+    link.type, link.linkname = tarfile.SYMTYPE, "k0.jpg"
+    tar.addfile(folder)
+    tar.addfile(link)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_library_tars_read_the_same(fmt):
+    fits = [n for n in NAMES if n.isascii() and len(n.rpartition("/")[2]) < 100]  # ustar's limit
+    names = fits if fmt == tarfile.USTAR_FORMAT else NAMES
+    for raw in (library_tar(fmt, names), library_tar(fmt, names, with_links)):
+        got, error = assert_same(raw)
+        assert error is None and len(got) >= 4
+        assert assert_same(raw, 1, 3)[0] == got[1:3]
+
+
+def test_our_tars_read_the_same_and_start_stop_pick_samples():
+    raw = ours(6)
+    got, error = assert_same(raw)
+    assert error is None
+    assert [s["__key__"] for s in got] == [f"s{i:03d}" for i in range(6)]
+    assert got == samples(6)
+    for start, stop in ((0, 0), (2, None), (2, 4), (5, 9), (7, None)):
+        assert assert_same(raw, start, stop)[0] == got[start:stop]
+
+
+def test_gzip_and_empty_and_end_only_tars_read_the_same():
+    assert assert_same(gzip.compress(ours(3)))[0] == samples(3)
+    assert assert_same(b"")[1] == ("ReadError", "empty file")
+    assert assert_same(bytes(1024)) == ([], None)
+    assert assert_same(b"not a tar at all" * 64)[1] is not None
+
+
+@pytest.mark.parametrize("kind", ["ours", "pax", "gnu"])
+def test_a_tar_cut_at_any_length_reads_the_same(kind):
+    raw = {
+        "ours": ours(3),
+        "pax": library_tar(tarfile.PAX_FORMAT, NAMES[:5]),
+        "gnu": library_tar(tarfile.GNU_FORMAT, NAMES),
+    }[kind]
+    errors = set()
+    near_blocks = {b + d for b in range(0, len(raw) + 1, 512) for d in (-1, 0, 1, 100, 137)}
+    for cut in sorted({c for c in near_blocks if 0 <= c <= len(raw)} | set(range(0, len(raw), 53))):
+        errors.add(assert_same(raw[:cut])[1])
+        assert_same(raw[:cut], 1, 2)
+    assert ("ReadError", "unexpected end of data") in errors  # the cuts did reach damage
+
+
+def test_changed_bytes_read_the_same():
+    """Random changes, most in headers (damaged checksums, sizes, types, names, zero blocks)."""
+    rng = random.Random(7)
+    bases = [
+        ours(4),
+        library_tar(tarfile.PAX_FORMAT, NAMES),
+        library_tar(tarfile.GNU_FORMAT, NAMES),
+    ]
+    outcomes = set()
+    for trial in range(1500):
+        raw = bytearray(rng.choice(bases))
+        headers = [o for o in range(0, len(raw), 512) if raw[o + 257 : o + 262] == b"ustar"]
+        for _ in range(rng.randrange(1, 4)):
+            if rng.random() < 0.8 and headers:
+                where = rng.choice(headers) + rng.choice(
+                    [0, 5, 99, 100, 124, 130, 135, 148, 150, 156, 257, 345, 400, rng.randrange(512)]
+                )
+            else:
+                where = rng.randrange(len(raw))
+            raw[where] = rng.choice(
+                [0, 0x20, ord("0"), ord("7"), ord("x"), ord("L"), 0x80, 0xFF, rng.randrange(256)]
+            )
+        if trial % 10 == 0 and headers:  # the checksum made right again: other fields damaged
+            head = rng.choice(headers)
+            raw[head + 148 : head + 156] = b"        "
+            raw[head + 148 : head + 156] = b"%06o\x00 " % sum(raw[head : head + 512])
+        got, error = assert_same(bytes(raw))
+        assert_same(bytes(raw), 1, 3)
+        outcomes.add(error[0] if error else "ok")
+    assert {"ok", "ReadError"} <= outcomes
+
+
+def test_a_member_named_like_a_folder_and_a_v7_tar_read_the_same():
+    raw = bytearray(ours(2))
+    raw[0:100] = b"s000/".ljust(100, b"\x00")  # a v7 folder: type NUL, name ending in "/"
+    raw[156] = 0
+    raw[148:156] = b"        "
+    raw[148:156] = b"%06o\x00 " % sum(raw[0:512])
+    assert assert_same(bytes(raw))[1] is None
+    v7 = library_tar(tarfile.USTAR_FORMAT, ["k0.jpg", "k1.jpg"])
+    v7 = bytearray(v7)
+    for head in (0, 1024):
+        v7[head + 257 : head + 265] = bytes(8)  # no magic, as a v7 tar
+        v7[head + 148 : head + 156] = b"        "
+        v7[head + 148 : head + 156] = b"%06o\x00 " % sum(v7[head : head + 512])
+    assert len(assert_same(bytes(v7))[0]) == 2
+
+
+def test_a_broken_extension_record_after_the_first_member_reads_the_same():
+    """Past the first member tarfile ends the archive at a PAX record it cannot parse (and
+    fails on one cut short); the fast path hands that header to tarfile and must agree."""
+    raw = library_tar(tarfile.PAX_FORMAT, ["k0.jpg", "ключ.txt", "k2.jpg"])
+    record = raw.index(b" path=")
+    for damage in (b"x", b"00", b"9", b"\x00", b"99999"):  # "00": a zero length, refused
+        broken = raw[: record - 2] + damage + raw[record - 2 + len(damage) :]
+        got, error = assert_same(broken)
+        assert [s["__key__"] for s in got][:1] == ["k0"]
