@@ -16,7 +16,15 @@ from PIL import Image
 from tests.http_corpus import photo_bytes
 from trainer.transform import check_image_header, decode_rgb, jpeg_size
 
+PIL_DEFAULT_LIMIT = 1024 * 1024 * 1024 // 4 // 3  # Image.MAX_IMAGE_PIXELS as PIL ships it
 USABLE_ERRORS = (OSError, ValueError, RuntimeError, Image.DecompressionBombError)
+
+
+@pytest.fixture(autouse=True)
+def pil_default_limit(monkeypatch):
+    """PIL's limit as it ships: the build's decode_image stage, imported by other tests of
+    the same process, turns the global limit off (it drops oversized images itself)."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", PIL_DEFAULT_LIMIT)
 
 
 def jpegs() -> dict[str, bytes]:
