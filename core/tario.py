@@ -105,7 +105,9 @@ def tar_files(fileobj: IO[bytes]) -> Iterator[tuple[str, Callable[[], bytes]]]:
     at_start = True
     while True:
         header = fileobj.read(BLOCK)
-        member = regular_member(header)
+        if 0 < len(header) < BLOCK:  # a stream may return fewer bytes than asked (HTTP)
+            header += b"".join(read_up_to(fileobj, BLOCK - len(header)))
+        member = None if at_start and header.startswith(COMPRESSED) else regular_member(header)
         if member is None:
             yield from library_files(header, fileobj, at_start)
             return
@@ -119,9 +121,11 @@ def tar_files(fileobj: IO[bytes]) -> Iterator[tuple[str, Callable[[], bytes]]]:
             return kept[0]
 
         yield name, read
-        read_exact(fileobj, (0 if kept else size) + -size % BLOCK)  # the rest, then padding
+        skip_exact(fileobj, (0 if kept else size) + -size % BLOCK)  # the rest, then padding
 
 
+# What tarfile's "r|*" takes for gzip, bzip2 and xz/lzma streams (it checks bzip2's further)
+COMPRESSED = (b"\x1f\x8b\x08", b"BZh", b"\x5d\x00\x00\x80", b"\xfd7zXZ")
 _NUMBER_FIELDS = ((100, 108), (108, 116), (116, 124), (136, 148), (329, 337), (337, 345))
 
 
@@ -148,16 +152,37 @@ def regular_member(header: bytes) -> tuple[str, int] | None:
     return (f"{prefix}/{name}" if prefix else name), size
 
 
+READ_CHUNK = 1 << 20  # bytes a read asks for: a damaged size never makes one huge buffer
+
+
 def read_exact(fileobj: IO[bytes], size: int) -> bytes:
     """`size` bytes, or tarfile's ReadError where the tar ends first (as tarfile does for a
     member or its padding cut short)."""
-    data = fileobj.read(size) if size else b""
-    while len(data) < size:
-        more = fileobj.read(size - len(data))
-        if not more:
+    data = fileobj.read(size) if 0 < size <= READ_CHUNK else b""
+    if len(data) == size:
+        return data
+    chunks = [data, *read_up_to(fileobj, size - len(data))]
+    if sum(map(len, chunks)) < size:
+        raise tarfile.ReadError("unexpected end of data")
+    return b"".join(chunks)
+
+
+def skip_exact(fileobj: IO[bytes], size: int) -> None:
+    """Read past `size` bytes (kept nowhere); ReadError where the tar ends first."""
+    while size > 0:
+        chunk = fileobj.read(min(size, READ_CHUNK))
+        if not chunk:
             raise tarfile.ReadError("unexpected end of data")
-        data += more
-    return data
+        size -= len(chunk)
+
+
+def read_up_to(fileobj: IO[bytes], size: int) -> list[bytes]:
+    """Up to `size` bytes in chunks, asking again after a short read; fewer at the end."""
+    chunks = []
+    while size > 0 and (chunk := fileobj.read(min(size, READ_CHUNK))):
+        chunks.append(chunk)
+        size -= len(chunk)
+    return chunks
 
 
 def library_files(

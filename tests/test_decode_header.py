@@ -128,3 +128,29 @@ def test_damaged_jpegs_decode_or_fail_with_a_counted_error():
         assert size is None or tuple(image.shape[1:]) == (size[1], size[0])
         outcomes.add("image")
     assert outcomes == {"error", "image"}
+
+
+def test_a_frame_header_hidden_from_the_decoder_does_not_pass_the_limit(monkeypatch):
+    """Headers crafted so that a naive marker walk finds a 1 x 1 frame the decoder never
+    reads: a stuffed 0xFF00 "marker" jumping into a comment, and a second frame header. The
+    limit must still hold the real 320 x 240 frame, as PIL's own check does."""
+    real = jpegs()["baseline"]
+    fake_frame = b"\xff\xc0\x00\x11\x08\x00\x01\x00\x01\x03\x01\x11\x00\x02\x11\x01\x03\x11\x01"
+    comment = b"\xff\xfe" + (5 + len(fake_frame)).to_bytes(2, "big") + b"pad" + fake_frame
+    stuffed = b"\xff\xd8\xff\x00\x00\x09" + comment + real[2:]
+    frame = real.index(b"\xff\xc0")
+    two_frames = (
+        real[:frame] + b"\xff\xc0\x00\x0b\x08\x00\x01\x00\x01\x01\x01\x11\x00" + real[frame:]
+    )
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    for crafted in (stuffed, two_frames):
+        assert jpeg_size(crafted) is None  # left to PIL
+        for check in (check_image_header, decode_rgb):
+            with pytest.raises(Image.DecompressionBombError):
+                check(crafted)
+
+
+def test_a_zero_limit_refuses_every_image_as_pil_does(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 0)
+    with pytest.raises(Image.DecompressionBombError):
+        check_image_header(jpegs()["grey"])

@@ -208,11 +208,13 @@ def check_pixels(size: tuple[int, int]) -> None:
     """PIL's decompression-bomb rule: an error over twice `Image.MAX_IMAGE_PIXELS`, a warning
     over it (None: no limit)."""
     pixels, limit = max(1, size[0]) * max(1, size[1]), Image.MAX_IMAGE_PIXELS
-    if limit and pixels > 2 * limit:
+    if limit is None:
+        return
+    if pixels > 2 * limit:
         raise Image.DecompressionBombError(
             f"Image size ({pixels} pixels) exceeds limit of {2 * limit} pixels"
         )
-    if limit and pixels > limit:
+    if pixels > limit:
         warnings.warn(
             f"Image size ({pixels} pixels) exceeds limit of {limit} pixels",
             Image.DecompressionBombWarning,
@@ -222,32 +224,37 @@ def check_pixels(size: tuple[int, int]) -> None:
 
 JPEG_START = b"\xff\xd8\xff"
 FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOFn: not DHT, JPG, DAC
-NO_LENGTH_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RSTn: no segment follows
+# DHT, DAC, DQT, DRI, COM and APPn: the segments a decoder reads or skips before a scan
+TABLE_MARKERS = frozenset({0xC4, 0xCC, 0xDB, 0xDD, 0xFE, *range(0xE0, 0xF0)})
+SCAN_MARKER = 0xDA
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's frame header; None when `data` is not a JPEG or a
-    segment before its frame header is not well formed (PIL then reads the header)."""
+    """(width, height) of a JPEG whose segments up to its first scan are plain: tables,
+    restart interval, comments, application data and exactly one frame header. None for
+    anything else (a stuffed 0xFF00 or a second frame header could make the size read here
+    differ from the decoder's): PIL reads those headers instead."""
     if not data.startswith(JPEG_START):
         return None
-    at, end = 2, len(data)
+    at, end, size = 2, len(data), None
     while at + 4 <= end and data[at] == 0xFF:
         marker = data[at + 1]
         if marker == 0xFF:  # a fill byte before the marker
             at += 1
             continue
-        if marker in NO_LENGTH_MARKERS:
-            at += 2
-            continue
         length = int.from_bytes(data[at + 2 : at + 4], "big")
+        if marker == SCAN_MARKER:
+            return size
+        if length < 2 or (marker not in TABLE_MARKERS and marker not in FRAME_MARKERS):
+            return None
         if marker in FRAME_MARKERS:
-            if length < 8 or at + 9 > end:
+            if size is not None or length < 8 or at + 9 > end:
                 return None
             height = int.from_bytes(data[at + 5 : at + 7], "big")
             width = int.from_bytes(data[at + 7 : at + 9], "big")
-            return (width, height) if width and height else None
-        if length < 2 or marker in (0xD9, 0xDA):  # end of image or a scan before any frame
-            return None
+            if not (width and height):
+                return None
+            size = (width, height)
         at += 2 + length
     return None
 
