@@ -22,8 +22,6 @@ from stages.base import (
 )
 from stages.lib.fast_resize import shrink
 
-# PIL's own limit would raise a warning, then an error at 2x; we want one clear drop reason.
-Image.MAX_IMAGE_PIXELS = None
 PIL_FORMATS = {"jpg": "JPEG", "webp": "WEBP", "png": "PNG"}
 FILTERS = {
     "area": Image.Resampling.BOX,
@@ -80,6 +78,15 @@ def size_problem(width: int, height: int, opts: DecodeImageOptions) -> str | Non
     ):
         return "bad_aspect_ratio"
     return None
+
+
+def allow_pixels(limit: int) -> None:
+    """Raise PIL's process-wide decompression-bomb limit to `limit` where it is lower, so
+    images up to `max_pixels` open without PIL's warning or error and larger ones get this
+    stage's own drop reason. Never lifted altogether: a loader in the same process (the demo,
+    a notebook that builds and trains) keeps a bound."""
+    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
+        Image.MAX_IMAGE_PIXELS = limit
 
 
 def target_size(width: int, height: int, resize: ResizeOptions) -> tuple[int, int]:
@@ -145,6 +152,7 @@ class DecodeImage(Stage):
     Options = DecodeImageOptions
 
     def setup(self) -> None:
+        allow_pixels(self.options.max_pixels)
         threads = self.options.threads or (2 if self.after_io else 1)
         self.executor = ThreadPoolExecutor(threads, "decode") if threads > 1 else None
 
@@ -162,13 +170,9 @@ class DecodeImage(Stage):
             image = transform(image, opts.resize)
             meta.update(width=image.width, height=image.height)
             return encode(image, opts.format, opts.quality), meta, None
-        except (
-            UnidentifiedImageError,
-            OSError,
-            ValueError,
-            SyntaxError,
-            Image.DecompressionBombError,
-        ):
+        except Image.DecompressionBombError:  # over twice PIL's limit, which a user lowered
+            return None, {}, "too_many_pixels"
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
             return None, {}, "decode_error"
 
     def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:

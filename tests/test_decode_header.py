@@ -22,8 +22,8 @@ USABLE_ERRORS = (OSError, ValueError, RuntimeError, Image.DecompressionBombError
 
 @pytest.fixture(autouse=True)
 def pil_default_limit(monkeypatch):
-    """PIL's limit as it ships: the build's decode_image stage, imported by other tests of
-    the same process, turns the global limit off (it drops oversized images itself)."""
+    """PIL's limit as it ships: a decode_image stage set up by another test of the same
+    process raises the global limit to its `max_pixels`."""
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", PIL_DEFAULT_LIMIT)
 
 

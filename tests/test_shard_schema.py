@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import duckdb
 import pyarrow as pa
@@ -178,3 +180,53 @@ def test_a_candidate_shorter_than_its_spans_fails_the_shard(tmp_path):
     with pytest.raises(OSError, match="ended at byte 1000"):
         with open(tmp_path / "f", "wb") as target, HashingWriter(target) as out:
             out.copy_runs(str(source), [(0, 1500)])
+
+
+SHRINKS_WHILE_COPIED = """
+import os, sys
+from pipeline.shards import HashingWriter
+
+source, target = sys.argv[1], sys.argv[2]
+
+
+class ShrinksTheSource:
+    # A target whose second flush (the end of the first copied run) truncates the candidate,
+    # as another process could while a shard is being written.
+    def __init__(self, file):
+        self.file, self.flushes = file, 0
+
+    def write(self, data):
+        return self.file.write(data)
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def flush(self):
+        self.file.flush()
+        self.flushes += 1
+        if self.flushes == 2:
+            os.truncate(source, 4096)
+
+
+with open(target, "wb") as file:
+    try:
+        with HashingWriter(ShrinksTheSource(file)) as out:
+            out.copy_runs(source, [(0, 1 << 20), (1 << 20, 8 << 20)])
+    except OSError as err:
+        print("OSError", err)
+"""
+
+
+def test_a_candidate_that_shrinks_while_copied_fails_the_shard_not_the_process(tmp_path):
+    """The runs used to be hashed from a map of the candidate: a file shrinking under it
+    killed the shard worker with SIGBUS. Now it is an OSError the task's retry handles."""
+    source = tmp_path / "candidate.tar"
+    source.write_bytes(os.urandom(8 << 20))
+    done = subprocess.run(
+        [sys.executable, "-c", SHRINKS_WHILE_COPIED, str(source), str(tmp_path / "f")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("OSError candidate ended at byte")
