@@ -101,12 +101,16 @@ def tar_files(fileobj: IO[bytes]) -> Iterator[tuple[str, Callable[[], bytes]]]:
     of a sample's work. A regular file's header is read here with tarfile's own field parsers
     (`regular_member`); from the first header that is anything else (PAX, GNU long names, a
     link, a folder, a compressed stream, the end, damage) tarfile reads the rest, so each tar
-    reads exactly as through tarfile, errors included."""
+    reads exactly as through tarfile, errors included - and one more: a tar whose data ends
+    inside a header past the first member fails with tarfile's ReadError("unexpected end of
+    data") where tarfile ends quietly."""
     at_start = True
     while True:
         header = fileobj.read(BLOCK)
         if 0 < len(header) < BLOCK:  # a stream may return fewer bytes than asked (HTTP)
             header += b"".join(read_up_to(fileobj, BLOCK - len(header)))
+        if 0 < len(header) < BLOCK and not at_start:
+            raise tarfile.ReadError(CUT_HEADER)
         member = None if at_start and header.startswith(COMPRESSED) else regular_member(header)
         if member is None:
             yield from library_files(header, fileobj, at_start)
@@ -124,6 +128,9 @@ def tar_files(fileobj: IO[bytes]) -> Iterator[tuple[str, Callable[[], bytes]]]:
         skip_exact(fileobj, (0 if kept else size) + -size % BLOCK)  # the rest, then padding
 
 
+# A header cut short by the end of the data, past the first member: the tar was truncated
+# (tarfile ends there without a word; the samples after it would be lost unseen).
+CUT_HEADER = "unexpected end of data"
 # What tarfile's "r|*" takes for gzip, bzip2 and xz/lzma streams (it checks bzip2's further)
 COMPRESSED = (b"\x1f\x8b\x08", b"BZh", b"\x5d\x00\x00\x80", b"\xfd7zXZ")
 _NUMBER_FIELDS = ((100, 108), (108, 116), (116, 124), (136, 148), (329, 337), (337, 345))
@@ -190,7 +197,8 @@ def library_files(
 ) -> Iterator[tuple[str, Callable[[], bytes]]]:
     """`tar_files` from `header` on, read by tarfile. Past the first member tarfile ends an
     archive at a header it cannot read (a zero block, damage) and fails only on a broken
-    extension record; the same here."""
+    extension record; the same here, except at a header cut short by the end of the data,
+    which tarfile takes as the end of the archive (the rest silently lost)."""
     if not at_start:
         try:
             tarfile.TarInfo.frombuf(header, tarfile.ENCODING, "surrogateescape")
@@ -206,6 +214,8 @@ def library_files(
         for member in tar:
             if member.isfile():
                 yield member.name, tar.extractfile(member).read
+        if 0 < tar.fileobj.tell() - tar.offset < BLOCK:  # where the next header was cut short
+            raise tarfile.ReadError(CUT_HEADER)
 
 
 class Replayed:

@@ -66,8 +66,9 @@ class DecodeImageOptions(StageOptions):
 
 
 def size_problem(width: int, height: int, opts: DecodeImageOptions) -> str | None:
-    """The drop reason for an image of this (original) size, if any."""
-    if width * height > opts.max_pixels:
+    """The drop reason for an image of this (original) size, if any. `max_pixels` bounds the
+    size produced too: enlarging a 1 x 4,000 strip to a 256 px short side is a billion pixels."""
+    if max(width * height, output_pixels(width, height, opts.resize)) > opts.max_pixels:
         return "too_many_pixels"
     if opts.min_side is not None and min(width, height) < opts.min_side:
         return "too_small"
@@ -78,6 +79,12 @@ def size_problem(width: int, height: int, opts: DecodeImageOptions) -> str | Non
     ):
         return "bad_aspect_ratio"
     return None
+
+
+def output_pixels(width: int, height: int, resize: ResizeOptions) -> int:
+    new_width, new_height = target_size(width, height, resize)
+    side = min(new_width, new_height)
+    return side * side if resize.mode == "center_crop" else new_width * new_height
 
 
 def allow_pixels(limit: int) -> None:
@@ -105,17 +112,30 @@ def center_crop_box(width: int, height: int, side: int) -> tuple[int, int, int, 
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Any mode to 8-bit RGB: 16/32-bit grey is scaled (not clipped); alpha is dropped."""
+    """Any mode to 8-bit RGB: 16/32-bit and float grey is scaled (not clipped); alpha is
+    dropped."""
     if image.mode == "RGB":
         return image
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
-        pixels = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if pixels.max(initial=0) > 255 else 255.0
-        grey = np.clip(pixels * (255.0 / top), 0, 255).astype(np.uint8)
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        pixels = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=0.0)
+        white = grey_white(image.mode, float(pixels.max(initial=0)))
+        grey = np.clip(pixels * (255.0 / white), 0, 255).round().astype(np.uint8)
         return Image.fromarray(grey).convert("RGB")
     if "A" in image.getbands() or image.mode == "P":
         image = image.convert("RGBA")
     return image.convert("RGB")
+
+
+def grey_white(mode: str, top: float) -> float:
+    """The value shown as white: a 16-bit mode's own 65,535; for 32-bit integer and float
+    grey, whose mode has no range, the smallest usual one holding the data (float: 1.0, then
+    255, then 65,535), never a range picked below the values (that turned them white)."""
+    if mode.startswith("I;16"):
+        return 65535.0
+    for white in ((1.0,) if mode == "F" else ()) + (255.0, 65535.0):
+        if top <= white:
+            return white
+    return top
 
 
 def transform(image: Image.Image, resize: ResizeOptions) -> Image.Image:
@@ -123,6 +143,10 @@ def transform(image: Image.Image, resize: ResizeOptions) -> Image.Image:
     if image.getexif().get(EXIF_ORIENTATION, 1) != 1:  # transposing copies: only when needed
         image = ImageOps.exif_transpose(image)
     image = to_rgb(image)
+    if resize.mode == "center_crop" and min(image.size) < resize.size:
+        # Enlarging: crop first, so only the square is enlarged (a 1 x N strip whole would
+        # become 256 x 256N pixels before the crop threw nearly all of them away)
+        image = image.crop(center_crop_box(image.width, image.height, min(image.size)))
     new_size = target_size(image.width, image.height, resize)
     if new_size != image.size:
         if new_size[0] < image.width:

@@ -1,7 +1,8 @@
 """`iter_tar_samples` reads every tar exactly as tarfile's stream mode does: the same samples,
 and the same error (type and message) at the same point, for plain tars and every other kind
 (PAX, GNU, v7, links, folders, gzip) and for damaged ones (cut near every block boundary, bytes
-changed)."""
+changed). One difference, on purpose: a header cut short by the end of the data (past the first
+member) is ReadError("unexpected end of data"), where tarfile ends the archive quietly."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def tarfile_files(fileobj: Any) -> Iterator[tuple[str, Any]]:
         for member in tar:
             if member.isfile():
                 yield member.name, tar.extractfile(member).read
+        if 0 < tar.fileobj.tell() - tar.offset < tarfile.BLOCKSIZE:  # the one difference
+            raise tarfile.ReadError("unexpected end of data")
 
 
 class ShortReads:
@@ -231,3 +234,25 @@ def test_a_first_name_that_looks_compressed_reads_the_same():
         raw[148:156] = b"        "
         raw[148:156] = b"%06o\x00 " % sum(raw[0:512])
         assert_same(bytes(raw))
+
+
+@pytest.mark.parametrize("kind", ["ours", "pax"])
+def test_a_tar_cut_inside_a_later_header_fails_instead_of_ending_quietly(kind):
+    """tarfile takes a header cut short as the end of the archive: a shard cut there read as
+    a shorter, valid one and the samples after the cut were lost without a count."""
+    raw = ours(4) if kind == "ours" else library_tar(tarfile.PAX_FORMAT, NAMES[:5])
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        third = tar.getmembers()[2].offset  # a header past the first member
+    for cut in (third + 1, third + 100, third + 511):
+        quiet = outcome(lambda f, a, b: group_samples(plain_tarfile(f), a, b), raw[:cut])
+        assert quiet[1] is None  # what tarfile does
+        got, error = assert_same(raw[:cut])
+        assert error == ("ReadError", "unexpected end of data") and got == quiet[0][:-1]
+    assert assert_same(raw[:third])[1] is None  # cut between members: nothing says it was cut
+
+
+def plain_tarfile(fileobj: Any) -> Iterator[tuple[str, Any]]:
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        for member in tar:
+            if member.isfile():
+                yield member.name, tar.extractfile(member).read
