@@ -54,6 +54,34 @@ def find_files(fs: Any, root: str) -> list[str]:
     return found
 
 
+# What a store reports that changes when a file's content does (first one present is taken).
+VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated")
+
+
+def store_version(info: dict[str, Any]) -> str:
+    """The ETag (else generation, else modification time) in a store's `info` of a file."""
+    return next((str(info[k]) for k in VERSION_KEYS if info.get(k) not in (None, "")), "")
+
+
+def find_versions(fs: Any, root: str) -> dict[str, str]:
+    """`find_files` with each file's version, "size:tag": on a local disk the tag is the
+    modification time in nanoseconds (one stat a file: ~3 ms per 1,000 here), on a store
+    whatever `store_version` finds in the listing itself (no request per file). A file that
+    cannot be stat'ed (a dangling link) has the version "" and fails when it is read."""
+    if not is_local(fs):
+        found = fs.find(root, detail=True)
+        return {path: f"{info.get('size')}:{store_version(info)}" for path, info in found.items()}
+    return {path: local_version(path) for path in find_files(fs, root)}
+
+
+def local_version(path: str) -> str:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return ""
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def quick_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """Options for a reachability probe: short timeouts, few retries, no cached instance."""
     options = dict(storage_options)

@@ -36,10 +36,11 @@ def sanitize_key(text: str) -> str:
 
 
 def decode_caption(data: bytes | None) -> tuple[str | None, str | None]:
-    """(caption, drop reason): captions must be UTF-8."""
+    """(caption, drop reason): captions must be UTF-8 (a leading byte-order mark, which some
+    editors write, is not part of the caption)."""
     if data is None:
         return None, None
     try:
-        return data.decode("utf-8"), None
+        return data.decode("utf-8-sig"), None
     except UnicodeDecodeError:
         return None, "caption_not_utf8"

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from core.config_io import ConfigError, one_line
 from core.pandas_probe import pandas_for_nanoseconds
-from core.storage import filesystem, protocol_of, with_protocol, with_retries
+from core.storage import filesystem, protocol_of, store_version, with_protocol, with_retries
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
 from pipeline.source_ranges import (
@@ -44,7 +44,6 @@ FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl
 KEY_DIGITS = 9
 STAGE_RATIO = 2  # parquet row groups above this many partitions: staged (reads ~ r+1 vs ~3)
 # What backends report that changes with a file's content (s3fs, gcsfs, local, http, ...)
-VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated")
 UNREADABLE = (pa.ArrowException, EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError)
 log = logging.getLogger("mmcurate.sources")
 
@@ -110,8 +109,7 @@ def file_version(fs: Any, path: str) -> dict[str, Any]:
     a string): in every plan entry, so a changed list changes the build identity, and in the
     staged copy's folder name, so a stale copy is never reused."""
     info = fs.info(path)
-    tag = next((str(info[k]) for k in VERSION_KEYS if info.get(k) not in (None, "")), "")
-    return {"file_size": int(info["size"]), "file_version": tag}
+    return {"file_size": int(info["size"]), "file_version": store_version(info)}
 
 
 def plan_file(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[int, int], dict]]:

@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 from core.config_io import ConfigError
 from core.pandas_probe import pandas_for_nanoseconds
-from core.storage import filesystem, protocol_of, with_protocol
+from core.storage import filesystem, protocol_of, store_version, with_protocol
 from core.tario import safe_key
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
@@ -35,13 +36,15 @@ def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
     fs, pattern = filesystem(cfg.path, storage_options)
     prefix = pattern[: min(pattern.find(c) for c in GLOB_CHARS if c in pattern)]
     root = prefix.rpartition("/")[0]
-    files = sorted(p for p in fs.glob(pattern) if p.rpartition(".")[2].lower() in VIDEO_EXTS)
+    found = fs.glob(pattern, detail=True)
+    files = sorted(p for p in found if p.rpartition(".")[2].lower() in VIDEO_EXTS)
     if not files:
         raise ConfigError(f"source.path: no video files match {cfg.path}")
     entries = []
     for path in files:
         rel = path[len(root) + 1 :] if root else path
         entries.append({"rel": rel, "key": safe_key(rel.rpartition(".")[0]), "txt": True})
+    versions = [f"{found[p].get('size')}:{store_version(found[p])}" for p in files]
     disambiguate_keys(entries)
     size = cfg.files_per_task
     return [
@@ -51,6 +54,7 @@ def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
             "root": root,
             "protocol": protocol_of(cfg.path),
             "entries": entries[start : start + size],
+            "inputs": versions[start : start + size],  # a video changed in place: another build
         }
         for i, start in enumerate(range(0, len(entries), size))
     ]
@@ -58,12 +62,14 @@ def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
 
 def disambiguate_keys(entries: list[dict[str, Any]]) -> None:
     """`a.jpg` and `a.png` share a stem (and `a b` and `a_b` a readable form): every key
-    of such a group becomes the key of its whole relative path, which is unique."""
-    seen: dict[str, int] = {}
-    for entry in entries:
-        seen[entry["key"]] = seen.get(entry["key"], 0) + 1
-    for entry in entries:
-        if seen[entry["key"]] > 1:
+    of such a group becomes the key of its whole relative path, which is unique. Again until
+    no key is shared: a file may already be named like such a key."""
+    while True:
+        seen = Counter(entry["key"] for entry in entries)
+        clashing = [e for e in entries if seen[e["key"]] > 1 and e["key"] != safe_key(e["rel"])]
+        if not clashing:
+            return
+        for entry in clashing:
             entry["key"] = safe_key(entry["rel"])
 
 

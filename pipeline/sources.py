@@ -7,6 +7,7 @@ A partition is a small JSON-able dict. Reading it yields a batch (dict of column
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tarfile
 import time
@@ -16,7 +17,7 @@ from typing import Any
 from core.config_io import ConfigError
 from core.storage import (
     filesystem,
-    find_files,
+    find_versions,
     protocol_of,
     transient_errors,
     with_protocol,
@@ -40,26 +41,32 @@ from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Columns
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
 
 
-# ---- images: a folder of image files with sidecar .txt captions -------------------------
+# ---- images: a folder of image files with sidecar .txt captions and .json metadata -------
+
+SIDECARS = ("txt", "json")
 
 
 def plan_images(
     cfg: SourceConfig, storage_options: dict[str, Any], exts: set[str] = IMAGE_EXTS
 ) -> list[dict[str, Any]]:
-    """List the folder once; split sorted media files into partitions of `files_per_task`."""
+    """List the folder once; split sorted media files into partitions of `files_per_task`.
+    Each partition carries `inputs`, a hash of its files' sizes and versions (modification
+    times, ETags), so a file changed in place changes the build identity."""
     fs, root = filesystem(cfg.path, storage_options)
     if not fs.isdir(root):
         raise ConfigError(f"source.path: folder not found: {cfg.path}")
-    listing = find_files(fs, root)  # once: on object stores every listing is many requests
+    listing = find_versions(fs, root)  # once: on object stores every listing is many requests
     files = sorted(p for p in listing if p.rpartition(".")[2].lower() in exts)
-    texts = {p for p in listing if p.endswith(".txt")}
     root = root.rstrip("/")
-    entries = []
+    entries, versions = [], []
     for path in files:
         rel = path[len(root) + 1 :]
         stem = rel.rpartition(".")[0]
-        caption = f"{root}/{stem}.txt"
-        entries.append({"rel": rel, "key": safe_key(stem), "txt": caption in texts})
+        entry = {"rel": rel, "key": safe_key(stem)}
+        entry.update({ext: f"{root}/{stem}.{ext}" in listing for ext in SIDECARS})
+        entries.append(entry)
+        sidecars = [listing.get(f"{root}/{stem}.{ext}", "") for ext in SIDECARS]
+        versions.append([rel, listing[path], *sidecars])
     disambiguate_keys(entries)
     size = cfg.files_per_task
     return [
@@ -69,17 +76,27 @@ def plan_images(
             "root": root,
             "protocol": protocol_of(cfg.path),
             "entries": entries[start : start + size],
+            "inputs": digest(versions[start : start + size]),
         }
         for i, start in enumerate(range(0, len(entries), size))
     ]
 
 
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()
+
+
+def sidecar_path(root: str, entry: dict[str, Any], ext: str) -> str:
+    return f"{root}/{entry['rel'].rpartition('.')[0]}.{ext}"
+
+
 def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
-    """Read one partition's image bytes and captions (one batched `cat` per partition)."""
+    """Read one partition's image bytes, captions and metadata (one batched `cat`)."""
     fs, _ = filesystem(with_protocol(part["protocol"], part["root"]), storage_options)
     root = part["root"]
     wanted = [f"{root}/{e['rel']}" for e in part["entries"]]
-    wanted += [f"{root}/{e['rel'].rpartition('.')[0]}.txt" for e in part["entries"] if e["txt"]]
+    for ext in SIDECARS:
+        wanted += [sidecar_path(root, e, ext) for e in part["entries"] if e.get(ext)]
     blobs = fs.cat(wanted, on_error="return")
     for path, value in blobs.items():  # a storage hiccup must not turn into read_error drops
         if isinstance(value, Exception) and not isinstance(value, FileNotFoundError):
@@ -87,8 +104,11 @@ def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Column
     batch = empty_batch()
     for index, entry in enumerate(part["entries"]):
         path = f"{root}/{entry['rel']}"
-        caption_path = f"{root}/{entry['rel'].rpartition('.')[0]}.txt"
-        sample = image_sample(entry, blobs.get(path), blobs.get(caption_path))
+        found = [
+            blobs.get(sidecar_path(root, entry, ext)) if entry.get(ext) else None
+            for ext in SIDECARS
+        ]
+        sample = image_sample(entry, blobs.get(path), *found)
         sample.update({"__part__": part["part"], "__index__": index, "__source__": text_name(path)})
         append_sample(batch, sample)
     return batch
@@ -101,18 +121,38 @@ def read_or_error(fs: Any, path: str) -> bytes | Exception:
         return err
 
 
-def image_sample(entry: dict[str, Any], data: Any, caption: Any) -> dict[str, Any]:
+def image_sample(
+    entry: dict[str, Any], data: Any, caption: Any, meta: Any = None
+) -> dict[str, Any]:
+    """A folder's sample. A caption or metadata file that exists but cannot be read is a
+    read_error (not a sample without them); metadata must be a JSON object (else bad_json)
+    and `source`, the file's path, is added unless the metadata has its own."""
     ext = entry["rel"].rpartition(".")[2].lower()
     source = text_name(entry["rel"])
     sample: dict[str, Any] = {"__key__": entry["key"], "json": json.dumps({"source": source})}
-    if isinstance(data, Exception) or data is None:
+    sidecars = [None if isinstance(b, FileNotFoundError) else b for b in (caption, meta)]
+    caption, meta = sidecars  # gone since the listing (or a dangling link): none
+    if any(isinstance(blob, Exception) for blob in (data, *sidecars)) or data is None:
         return sample | {DROP: "read_error", DROP_STAGE: SOURCE}
     sample[EXT_ALIASES.get(ext, ext)] = data
-    text, reason = decode_caption(None if isinstance(caption, Exception) else caption)
+    text, reason = decode_caption(caption)
     sample["txt"] = text
+    if meta is not None:
+        sample["json"], usable = sidecar_meta(meta, source)
+        reason = reason or (None if usable else "bad_json")
     if reason:
         sample.update({DROP: reason, DROP_STAGE: SOURCE})
     return sample
+
+
+def sidecar_meta(data: bytes, source: str) -> tuple[str, bool]:
+    """(json text, usable) of a `<stem>.json` beside an image, as a tar's `.json` member."""
+    text, usable = member_meta(data, "", "")
+    if not usable or text is None:
+        return json.dumps({"source": source}), False
+    meta = json.loads(text)
+    meta.setdefault("source", source)
+    return json.dumps(meta, ensure_ascii=False, sort_keys=True), True
 
 
 # ---- webdataset: tar shards, local or remote ------------------------------------------------

@@ -1,6 +1,11 @@
 """Source-level drop reasons, read without Ray: vanished files and damaged tars."""
 
-from pipeline.config import SourceConfig
+import json
+import os
+
+from core.tario import safe_key
+from pipeline.config import BuildConfig, SourceConfig
+from pipeline.resume import build_identity
 from pipeline.sources import plan_source, read_partition
 from stages.base import DROP
 
@@ -30,3 +35,77 @@ def test_truncated_tar_keeps_samples_before_the_damage(tar_shards, tmp_path):
     assert 0 < sum(r[DROP] is None for r in got) < 6  # the samples before the cut survive
     assert got[-1]["__key__"] == "damaged_tar_damaged"
     assert got[-1][DROP].startswith("corrupt_tar:")
+
+
+def folder_rows(folder) -> dict[str, dict]:
+    parts = plan_source(SourceConfig(kind="images", path=str(folder)), {})
+    return {r["__key__"]: r for part in parts for r in rows(read_partition(part, {}))}
+
+
+def test_json_sidecars_are_the_samples_metadata_and_bad_ones_are_counted(image_folder):
+    """`<stem>.json` beside an image is its metadata (as a tar's `.json` member): merged into
+    the sample's JSON with `source` added; anything but a JSON object is bad_json."""
+    folder = image_folder(n=5)
+    stems = sorted(p.stem for p in folder.glob("*.jpg"))
+    (folder / f"{stems[0]}.json").write_text('{"captions": ["a", "b"], "image_id": 7}')
+    (folder / f"{stems[1]}.json").write_text('{"source": "flickr"}')  # its own source stays
+    (folder / f"{stems[2]}.json").write_text("{not json")
+    (folder / f"{stems[3]}.json").write_text("[1, 2]")
+    got = folder_rows(folder)
+    assert json.loads(got[stems[0]]["json"]) == {
+        "captions": ["a", "b"],
+        "image_id": 7,
+        "source": f"{stems[0]}.jpg",
+    }
+    assert json.loads(got[stems[1]]["json"]) == {"source": "flickr"}
+    assert [got[s][DROP] for s in stems] == [None, None, "bad_json", "bad_json", None]
+    assert json.loads(got[stems[4]]["json"]) == {"source": f"{stems[4]}.jpg"}
+
+
+def test_a_caption_that_exists_but_cannot_be_read_is_a_read_error(image_folder, tmp_path):
+    """Not a sample without a caption: a `.txt` that is a link to a folder fails to read."""
+    folder = image_folder(n=2)
+    first, second = sorted(p.stem for p in folder.glob("*.jpg"))
+    (folder / f"{first}.txt").unlink(missing_ok=True)
+    (folder / f"{first}.txt").symlink_to(tmp_path, target_is_directory=True)
+    (folder / f"{second}.txt").write_bytes(b"\xef\xbb\xbfa caption after a byte-order mark")
+    got = folder_rows(folder)
+    assert got[first][DROP] == "read_error"
+    assert got[second][DROP] is None
+    assert got[second]["txt"] == "a caption after a byte-order mark"
+
+
+def test_a_file_named_like_a_disambiguated_key_gets_its_own_key(image_folder):
+    """`a.jpg` and `a.png` take keys of their whole names; a third file already named like
+    one of those keys must not collide with it (it was dropped as duplicate_key)."""
+    folder = image_folder(n=1)
+    photo = next(folder.glob("*.jpg")).read_bytes()
+    (folder / "a.jpg").write_bytes(photo)
+    (folder / "a.png").write_bytes(photo)
+    (folder / f"{safe_key('a.jpg')}.jpg").write_bytes(photo)
+    got = folder_rows(folder)
+    assert len(got) == 4 and all(r[DROP] is None for r in got.values())
+    assert {r["__source__"].rpartition("/")[2] for r in got.values()} >= {"a.jpg", "a.png"}
+
+
+def test_a_file_changed_in_place_changes_the_build_identity(image_folder):
+    """Same names, other bytes (or only a newer modification time): another input, so a
+    rerun is refused instead of answering "already built" with the old pixels and captions."""
+    folder = image_folder(n=3)
+    cfg = BuildConfig.model_validate(
+        {"source": {"kind": "images", "path": str(folder)}, "output": {"path": "/tmp/unused"}}
+    )
+
+    def identity() -> str:
+        return build_identity(cfg, plan_source(cfg.source, {}))
+
+    first = identity()
+    assert identity() == first  # nothing changed: the same build
+    caption = sorted(folder.glob("*.txt"))[0]
+    caption.write_text("another caption")
+    second = identity()
+    assert second != first
+    image = sorted(folder.glob("*.jpg"))[1]
+    stat = image.stat()
+    os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert identity() not in (first, second)
