@@ -11,6 +11,7 @@ plain ustar name field and the tars carry no PAX headers at all.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import re
 import tarfile
@@ -75,20 +76,25 @@ def iter_tar_samples(
 def group_samples(
     files: Iterator[tuple[str, Callable[[], bytes]]], start: int = 0, stop: int | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Samples [start, stop) of a tar's (name, read) members: runs of one key."""
-    index, key, current = -1, None, None
+    """Samples [start, stop) of a tar's (name, read) members: runs of one key. A member whose
+    extension the run already has starts another sample of the same key (two samples written
+    back to back under one key), which a build then counts as a duplicate_key, instead of
+    its bytes silently replacing the first's."""
+    index, key, seen, current = -1, None, set(), None
     for member, read in files:
         name, ext = split_member_name(member)
-        if name != key:
+        ext = EXT_ALIASES.get(ext, ext)
+        if name != key or ext in seen:
             if current is not None:
                 yield current
-            index, key, current = index + 1, name, None
+            index, key, seen, current = index + 1, name, set(), None
             if stop is not None and index >= stop:
                 return
             if index >= start:
                 current = {"__key__": name}
+        seen.add(ext)
         if current is not None:
-            current[EXT_ALIASES.get(ext, ext)] = read()
+            current[ext] = read()
     if current is not None:
         yield current
 
@@ -196,16 +202,20 @@ def library_files(
     header: bytes, rest: IO[bytes], at_start: bool
 ) -> Iterator[tuple[str, Callable[[], bytes]]]:
     """`tar_files` from `header` on, read by tarfile. Past the first member tarfile ends an
-    archive at a header it cannot read (a zero block, damage) and fails only on a broken
-    extension record; the same here, except at a header cut short by the end of the data,
-    which tarfile takes as the end of the archive (the rest silently lost)."""
+    archive at any header it cannot read and fails only on a broken extension record; the
+    same here, except that only a zero block (or the end of the data at a block boundary)
+    ends it: a damaged header or one cut short fails with tarfile's ReadError, where tarfile
+    took it as the end of the archive and the samples after it were lost unseen."""
     if not at_start:
         try:
             tarfile.TarInfo.frombuf(header, tarfile.ENCODING, "surrogateescape")
-        except tarfile.HeaderError:
+        except (tarfile.EOFHeaderError, tarfile.EmptyHeaderError):
             return
+        except tarfile.HeaderError as err:
+            raise tarfile.ReadError(str(err)) from None
+    stream = Recorded(Replayed(header, rest))
     try:
-        tar = tarfile.open(fileobj=Replayed(header, rest), mode="r|*" if at_start else "r|")
+        tar = tarfile.open(fileobj=stream, mode="r|*" if at_start else "r|")
     except tarfile.ReadError as err:  # tarfile read the header as the first of a new stream
         if at_start or isinstance(err.__context__, tarfile.SubsequentHeaderError):
             raise
@@ -214,8 +224,53 @@ def library_files(
         for member in tar:
             if member.isfile():
                 yield member.name, tar.extractfile(member).read
-        if 0 < tar.fileobj.tell() - tar.offset < BLOCK:  # where the next header was cut short
-            raise tarfile.ReadError(CUT_HEADER)
+        if not (at_start and header.startswith(COMPRESSED)):  # positions are the file's
+            check_last_header(stream, tar.offset, tar.fileobj.tell() - tar.offset)
+
+
+def check_last_header(stream: Recorded, offset: int, read: int) -> None:
+    """ReadError where the header tarfile stopped at (`read` bytes of it at `offset`) was
+    cut short or damaged; nothing for a zero block or the end of the data."""
+    if 0 < read < BLOCK:
+        raise tarfile.ReadError(CUT_HEADER)
+    block = stream.block(offset) if read == BLOCK else None
+    if block is not None:
+        try:
+            tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+        except tarfile.EOFHeaderError:
+            return
+        except tarfile.HeaderError as err:
+            raise tarfile.ReadError(str(err)) from None
+
+
+class Recorded:
+    """A stream that keeps the last bytes it gave (tarfile reads ahead, a record at a time):
+    enough to look again at the header where tarfile stopped."""
+
+    KEEP = 4 * tarfile.RECORDSIZE
+
+    def __init__(self, stream: IO[bytes] | Replayed) -> None:
+        self.stream, self.given = stream, 0
+        self.kept: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.kept_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        if data:
+            self.kept.append((self.given, data))
+            self.given += len(data)
+            self.kept_bytes += len(data)
+            while self.kept_bytes - len(self.kept[0][1]) >= self.KEEP:
+                self.kept_bytes -= len(self.kept.popleft()[1])
+        return data
+
+    def block(self, offset: int) -> bytes | None:
+        """The BLOCK bytes at `offset`, if all of them are still kept."""
+        if not self.kept or offset < self.kept[0][0]:
+            return None
+        data = b"".join(chunk for at, chunk in self.kept if at + len(chunk) > offset)
+        start = offset - next(at for at, chunk in self.kept if at + len(chunk) > offset)
+        return data[start : start + BLOCK] if len(data) - start >= BLOCK else None
 
 
 class Replayed:

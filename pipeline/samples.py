@@ -14,6 +14,7 @@ BASE_COLUMNS = (
     "__source__",
     "txt",
     "json",
+    "cls",  # a class label member (ImageNet-style WebDatasets): carried as written
     "url",
     DROP,
     DROP_STAGE,

@@ -218,8 +218,14 @@ def with_damage_row(batch: Columns, part: dict[str, Any], path: str, err: Except
     return batch
 
 
+CARRIED = (*IMAGE_COLUMNS, *VIDEO_COLUMNS, "cls")  # tar members copied as they are
+
+
 def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[str, Any]:
-    sample = {col: raw.get(col) for col in (*IMAGE_COLUMNS, *VIDEO_COLUMNS)}
+    """A WebDataset sample. One with none of the members a build carries (images, videos,
+    txt, json, cls; e.g. only `.npy`) is dropped as no_members: written, it would be a
+    sample with no files that the manifest counts and readers never see."""
+    sample = {col: raw.get(col) for col in CARRIED}
     key = safe_key(raw["__key__"])
     sample.update(
         {
@@ -234,6 +240,8 @@ def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[st
     meta, meta_ok = member_meta(raw.get("json"), raw["__key__"], key)
     sample["json"] = meta
     reason = reason or (None if meta_ok else "bad_json")
+    if all(raw.get(col) is None for col in (*CARRIED, "txt", "json")):
+        reason = "no_members"
     if reason:
         sample.update({DROP: reason, DROP_STAGE: SOURCE})
     return sample

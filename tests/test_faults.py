@@ -207,7 +207,9 @@ def start_node(args: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 def stop_node(node: subprocess.Popen) -> None:
     if node.poll() is None:
-        os.killpg(node.pid, signal.SIGTERM)
+        # `ray start` alone: it drains the node through its GCS, then stops what it started
+        # (~2 s). SIGTERM to its whole group killed the GCS too, and the drain waited 30 s.
+        node.send_signal(signal.SIGTERM)
         try:
             node.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -224,6 +226,7 @@ def test_node_removed_mid_build(ray_session, slow_urls, tmp_path):
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": "b" * 64,
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2",  # a stopped node goes (default: 30 s)
     }
     env.pop("RAY_ADDRESS", None)
     temp = tempfile.mkdtemp(prefix="rc-", dir="/tmp")  # short: unix socket paths

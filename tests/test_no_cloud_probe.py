@@ -58,7 +58,7 @@ try:
     time.sleep(3)  # the "disabled" report to usage-stats.ray.io follows the log line
 finally:
     ray.shutdown()
-    os.killpg(head.pid, signal.SIGTERM)
+    head.send_signal(signal.SIGTERM)  # `ray start` alone: it stops what it started (~2 s)
     try:
         head.wait(timeout=60)
     except subprocess.TimeoutExpired:

@@ -53,6 +53,7 @@ def ray_head(tmp_path, s3):
         "HOME": str(tmp_path / "home"),  # the jobs' ~/.cache (training's log mirrors)
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": token,
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2",  # the stopped head goes (default: 30 s)
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
     }
     env.pop("RAY_ADDRESS", None)
@@ -86,7 +87,9 @@ def ray_head(tmp_path, s3):
         wait_for_dashboard(url, token, head)
         yield url, env
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # the head's own process group, by its pid
+        # `ray start` alone (by its pid): it drains the node through its GCS, then stops what it
+        # started (~2 s). SIGTERM to its whole group killed the GCS too; the drain waited 30 s.
+        head.send_signal(signal.SIGTERM)
         try:
             head.wait(timeout=30)
         except subprocess.TimeoutExpired:

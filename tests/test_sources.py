@@ -109,3 +109,30 @@ def test_a_file_changed_in_place_changes_the_build_identity(image_folder):
     stat = image.stat()
     os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert identity() not in (first, second)
+
+
+def test_cls_labels_are_carried_and_memberless_samples_are_counted(tmp_path):
+    """An ImageNet-style shard's `.cls` labels reach the output (they were dropped without a
+    count); a sample with no member a build carries (only `.npy`, or a key `a.b` whose
+    extension reads as `b.jpg`) is no_members, not an empty sample the manifest counts."""
+    import io
+    import tarfile
+
+    members = [("s0.jpg", b"img"), ("s0.cls", b"7"), ("s1.jpg", b"img"), ("s1.cls", b"3")]
+    members += [("vec.npy", b"\x93NUMPY"), ("a.b.jpg", b"img"), ("s2.txt", b"only a caption")]
+    shard = tmp_path / "labelled.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    parts = plan_source(SourceConfig(kind="webdataset", path=str(shard)), {})
+    got = {r["__key__"]: r for r in rows(read_partition(parts[0], {}))}
+    assert [got[k]["cls"] for k in ("s0", "s1")] == [b"7", b"3"]
+    assert {k: r[DROP] for k, r in got.items()} == {
+        "s0": None,
+        "s1": None,
+        "vec": "no_members",
+        "a": "no_members",
+        "s2": None,
+    }

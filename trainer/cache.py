@@ -24,9 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from core.config_io import ConfigError
 from trainer.verify import RETRIES, ShardCorrupt, download_hashed, mismatch
 
-__all__ = ["RETRIES", "ShardCache", "ShardCorrupt", "flocked"]
+__all__ = ["RETRIES", "ShardCache", "ShardCorrupt", "check_cache_dir", "flocked"]
 
 
 @contextlib.contextmanager
@@ -37,6 +38,17 @@ def flocked(path: Path, mode: int) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def check_cache_dir(folder: str | None) -> None:
+    """data.cache_dir made (or found) as a folder before training starts: a file there, or a
+    folder that cannot be made, fails on one line instead of in every loader worker."""
+    if folder is None:
+        return
+    try:
+        Path(folder).expanduser().mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # FileExistsError (a file), NotADirectoryError, PermissionError
+        raise ConfigError(f"data.cache_dir: cannot use {folder} as a folder: {err}") from None
 
 
 class ShardCache:

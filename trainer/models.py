@@ -63,9 +63,14 @@ def build_model(
     extra = {}
     if cfg.loss == "siglip":  # SigLIP's learned bias and temperature, at the paper's init
         extra = {"init_logit_bias": -10.0, "init_logit_scale": math.log(10)}
-    model, preprocess_train, _ = open_clip.create_model_and_transforms(
-        cfg.name, pretrained=cfg.pretrained, device=device, output_dict=True, **extra
-    )
+    try:
+        model, preprocess_train, _ = open_clip.create_model_and_transforms(
+            cfg.name, pretrained=cfg.pretrained, device=device, output_dict=True, **extra
+        )
+    except LOAD_ERRORS as err:
+        if cfg.pretrained is None:
+            raise
+        raise load_error(cfg.pretrained, cfg.name, err) from None
     tokenizer = open_clip.get_tokenizer(cfg.name)
     return model, preprocess_train, tokenizer
 
@@ -133,14 +138,22 @@ def load_eval_model(
             info = {"kind": weights.kind}
     except ConfigError:
         raise
-    # Why these: what torch.load and load_state_dict raise for a file that is not these weights.
-    except (RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise ConfigError(
-            f"model.pretrained: {weights.source} does not load as {name}: "
-            f"{type(err).__name__}: {first}"
-        ) from None
+    except LOAD_ERRORS as err:
+        raise load_error(weights.source, name, err) from None
     return model.to(device).eval(), preprocess, open_clip.get_tokenizer(name), info
+
+
+# Why these: what torch.load and load_state_dict raise for a file that is not these weights
+# (IsADirectoryError, an OSError: a run folder given to open_clip's loader).
+LOAD_ERRORS = (RuntimeError, ValueError, KeyError, EOFError, OSError, pickle.UnpicklingError)
+
+
+def load_error(source: str | None, name: str, err: Exception) -> ConfigError:
+    """One line for weights that do not load as model `name`."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return ConfigError(
+        f"model.pretrained: {source} does not load as {name}: {type(err).__name__}: {first}"
+    )
 
 
 def read_state(weights: Weights, storage_options: dict | None) -> Any:

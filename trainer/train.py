@@ -35,12 +35,14 @@ from tqdm import tqdm
 
 from core.config_io import ConfigError
 from core.storage import join
+from trainer.cache import check_cache_dir
 from trainer.checkpoint import checkpoint_path, checkpoint_step
 from trainer.config import TrainConfig
 from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
 from trainer.distributed import Dist, barrier, leave, setup_distributed
 from trainer.guard import Alerts, Guard, open_alerts
 from trainer.manifest import Manifest, read_manifest
+from trainer.models import resolve_weights
 from trainer.outputs import RunLogs
 from trainer.plan import batches_per_rank
 from trainer.prefetch import DevicePrefetcher, timed
@@ -60,6 +62,7 @@ from trainer.step import (
 from trainer.train_eval import Evaluator, open_evaluator
 from trainer.train_state import (
     LoopState,
+    clear_previous_run,
     data_totals,
     finished,
     previous_checkpoint,
@@ -344,6 +347,8 @@ def make_training_loader(cfg: TrainConfig, dataset: ShardDataset, place: Dist) -
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train a CLIP model on a build's shards; returns a summary of the run."""
     require_tensorboard(cfg)  # fails fast, before any model is built
+    resolve_weights(cfg.model.name, cfg.model.pretrained, cfg.storage_options)  # and these
+    check_cache_dir(cfg.data.cache_dir)
     place = setup_distributed()
     torch.manual_seed(cfg.data.seed)  # the same initial weights on every rank
     previous = previous_checkpoint(cfg, cfg.run.output, place)  # before the model: fails fast
@@ -357,6 +362,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.data.seed + place.rank)  # each rank its own augmentations
     dataset = make_dataset(cfg, sources, place, preprocess, tokenizer)
     loader = make_training_loader(cfg, dataset, place)
+    clear_previous_run(cfg, place)  # run.overwrite, now that nothing above failed
     logs = RunLogs(cfg.run.output, place.rank, cfg.storage_options)
     logs.start(resume=bool(previous))
     resume_step = checkpoint_step(previous) if previous else None

@@ -23,7 +23,7 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.config import TrainConfig
-from trainer.distributed import Dist, from_rank0
+from trainer.distributed import Dist, barrier, from_rank0
 from trainer.models import open_clip_state_dict
 from trainer.outputs import remove_run
 from trainer.step import Parts
@@ -173,13 +173,13 @@ def finished(cfg: TrainConfig, state: LoopState) -> bool:
 def previous_checkpoint(cfg: TrainConfig, output: str, place: Dist) -> str | None:
     """The checkpoint to resume from, chosen by rank 0 for every rank (each must read it).
     A run already in `output` is continued only with run.resume, replaced only with
-    run.overwrite, and otherwise refused: starting afresh beside its checkpoints would let
-    a later resume pick up the old run's."""
+    run.overwrite (by `clear_previous_run`, once everything else has been checked), and
+    otherwise refused: starting afresh beside its checkpoints would let a later resume pick
+    up the old run's."""
     chosen, problem = None, None
     if place.rank == 0:
         chosen = latest_checkpoint(output, cfg.storage_options)
         if chosen and cfg.run.overwrite:
-            remove_run(output, cfg.storage_options)
             chosen = None
         elif chosen and not cfg.run.resume:
             problem = (
@@ -209,3 +209,12 @@ def start_state(
     if place.rank:
         state.replaced_samples = 0
     return state
+
+
+def clear_previous_run(cfg: TrainConfig, place: Dist) -> None:
+    """run.overwrite: delete what a run in run.output wrote, as late as possible - after the
+    model, its weights, the data and the loader have all been set up - so a run that fails
+    its checks (a wrong model.pretrained, a bad cache folder) leaves the old one whole."""
+    if cfg.run.overwrite and place.rank == 0:
+        remove_run(cfg.run.output, cfg.storage_options)
+    barrier(place)  # no rank writes into run.output before the old run's files are gone
