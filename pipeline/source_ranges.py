@@ -8,12 +8,20 @@
   parses them with the column types the whole-file read inferred, so every value converts as it
   did when each task read the whole file. A file whose rows are not one line each (quoted
   newlines) is planned for staging instead (pipeline/source_staging.py).
+- jsonl (json_table): pyarrow's reader, which wants one JSON type per column; where a value
+  breaks that (`"caption": 2019` among strings, `"year": "unknown"` after numbers), Python's
+  json reads the text instead and such a column becomes text: strings as they are, other
+  values as their JSON text. A partition parses only the columns it uses.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json as pyjson
+import logging
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +35,9 @@ BLOCK = 8 << 20  # bytes per read of the planning scan
 NEWLINE, CR = 10, 13
 OPEN, CLOSE = ord("{"), ord("}")
 SPACE = np.array([32, 9, CR], np.uint8)  # JSON whitespace within a line
+JSON_SPACE = re.compile(r"[ \t\r\n]*")
+TEXT_TYPES = (pa.string(), pa.large_string())
+log = logging.getLogger("mmcurate.sources")
 
 
 # ---- parquet: row groups ---------------------------------------------------------------------
@@ -192,9 +203,9 @@ def read_byte_range(fs: Any, path: str, part: dict[str, Any]) -> pa.Table:
     start, end = part["range"]
     body = fs.cat_file(path, start=start, end=end)
     columns = part["columns"] or schema.names
-    if part["format"] == "jsonl":
-        options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-        return pajson.read_json(io.BytesIO(body), parse_options=options).select(columns)
+    if part["format"] == "jsonl":  # only the used columns: the others are never converted
+        used = pa.schema([schema.field(name) for name in columns])
+        return json_table(lambda: io.BytesIO(body), used).select(columns)
     header = fs.cat_file(path, start=0, end=part["header"]) if part["header"] else b""
     return pacsv.read_csv(
         io.BytesIO(header + body),
@@ -206,3 +217,93 @@ def read_byte_range(fs: Any, path: str, part: dict[str, Any]) -> pa.Table:
             include_columns=columns,
         ),
     )
+
+
+# ---- jsonl: one type per column ---------------------------------------------------------------
+
+
+def json_table(open_: Callable[[], Any], schema: pa.Schema | None = None) -> pa.Table:
+    """A jsonl text (`open_()` opens it) as a table. pyarrow's reader infers the columns (or,
+    given `schema`, reads just those, with those types); where it cannot (a column whose JSON
+    type changes, a number in a text column, an empty file), Python's json reads the text
+    (json_rows) and columns are built as json_column does."""
+    options = pajson.ParseOptions(
+        explicit_schema=schema, unexpected_field_behavior="ignore" if schema else "infer"
+    )
+    try:
+        with open_() as src:
+            return pajson.read_json(src, parse_options=options)
+    except pa.ArrowInvalid:
+        with open_() as src:
+            data = src.read()
+    try:
+        return rows_table(list(json_rows(data)), schema)
+    except UnicodeEncodeError:  # "\ud800": pyarrow refuses it too
+        raise pa.ArrowInvalid("JSON parse error: a lone surrogate in a string") from None
+
+
+def rows_table(rows: list[dict[str, Any]], schema: pa.Schema | None) -> pa.Table:
+    """Parsed jsonl rows as a table: the planned columns and types (a partition), else every
+    column, typed as json_column infers."""
+    if schema is not None:
+        columns = [json_column([r.get(f.name) for r in rows], f.type) for f in schema]
+        return pa.Table.from_arrays(columns, schema=schema)
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    columns = [json_column([r.get(name) for r in rows]) for name in names]
+    texts = [n for n, c in zip(names, columns, strict=True) if c.type == pa.string()]
+    mixed = [n for n in texts if any(json_kind(r.get(n)) not in ("str", "null") for r in rows)]
+    if mixed:
+        log.warning("jsonl: values of more than one JSON type in %s: read as text", mixed)
+    return pa.Table.from_arrays(columns, names=names) if names else pa.table({})
+
+
+def json_rows(data: bytes) -> Iterator[dict[str, Any]]:
+    """The objects of a jsonl text, as pyarrow reads them: JSON whitespace between objects."""
+    text, decoder = data.decode("utf-8"), pyjson.JSONDecoder()
+    at = JSON_SPACE.match(text).end()
+    while at < len(text):
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except pyjson.JSONDecodeError as err:
+            raise pa.ArrowInvalid(f"JSON parse error: line {err.lineno}: {err.msg}") from None
+        if not isinstance(value, dict):
+            line = text.count("\n", 0, at) + 1
+            raise pa.ArrowInvalid(f"JSON parse error: line {line}: not an object")
+        yield value
+        at = JSON_SPACE.match(text, end).end()
+
+
+def json_column(values: list[Any], type_: pa.DataType | None = None) -> pa.Array:
+    """One column of parsed JSON values. Given a type (a partition: the planned column), that
+    type, text columns as json_text; else the type pyarrow infers when every value has the
+    same JSON type (numbers: one), else text."""
+    if type_ is not None:
+        if type_ in TEXT_TYPES:
+            return pa.array([json_text(v) for v in values], type_)
+        return pa.array(values, type_)
+    kinds = {json_kind(v) for v in values} - {"null"}
+    if len(kinds) <= 1:
+        try:
+            return pa.array(values)
+        except UnicodeEncodeError:
+            raise
+        except (pa.ArrowException, OverflowError, TypeError, ValueError):
+            pass  # e.g. nested values whose inner types differ, integers beyond 64 bits
+    return pa.array([json_text(v) for v in values], pa.string())
+
+
+def json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before numbers: a bool is an int in Python
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    return type(value).__name__  # str, list, dict
+
+
+def json_text(value: Any) -> str | None:
+    """A value of a text column: strings as they are, other values as their JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    return pyjson.dumps(value, ensure_ascii=False)

@@ -2,7 +2,10 @@
 
 Keys come from the row's position across the sorted input files (`000000042`), so a rerun of
 the same list gives the same keys. Every column other than url and caption is carried into
-`<key>.json`, as img2dataset's `save_additional_columns` does (or those `carry_columns` names).
+`<key>.json`, as img2dataset's `save_additional_columns` does (or those `carry_columns` names);
+the sample's own `key`, `url` and `caption` win there, a list column of such a name is kept as
+`source_key` (img2dataset's output has one), `source_url`, `source_caption`. An empty list
+file counts as 0 rows; lists with no row at all are a ConfigError.
 
 A partition reads only its rows: planning (plan_file) decides how, per file; see
 pipeline/source_ranges.py (row groups, byte ranges) and pipeline/source_staging.py (a parquet
@@ -21,7 +24,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from core.config_io import ConfigError, one_line
@@ -32,6 +34,7 @@ from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
 from pipeline.source_ranges import (
     group_starts,
     groups_for,
+    json_table,
     pack_schema,
     read_byte_range,
     read_row_groups,
@@ -42,6 +45,7 @@ from stages.base import DROP, DROP_STAGE
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
 KEY_DIGITS = 9
+OWN_FIELDS = ("key", "url", "caption")  # the sample's in <key>.json; a list's: `source_<name>`
 STAGE_RATIO = 2  # parquet row groups above this many partitions: staged (reads ~ r+1 vs ~3)
 # What backends report that changes with a file's content (s3fs, gcsfs, local, http, ...)
 UNREADABLE = (pa.ArrowException, EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError)
@@ -57,22 +61,37 @@ def file_format(path: str) -> str:
 
 
 def read_table(fs: Any, path: str, text_columns: tuple[str, ...] = ()) -> pa.Table:
-    """The whole table; url/caption columns of text formats read as bytes (UTF-8 checked later)."""
+    """The whole table; url/caption columns of csv/tsv read as bytes (UTF-8 checked later),
+    jsonl as json_table reads it. An empty csv/tsv/jsonl file: no columns, no rows."""
     fmt = file_format(path)
     compression = "gzip" if path.endswith(".gz") else None
-    with fs.open(path, "rb", compression=compression) as src:
+
+    def open_() -> Any:
+        return fs.open(path, "rb", compression=compression)
+
+    if fmt == "jsonl":
+        return json_table(open_)
+    with open_() as src:
         if fmt == "parquet":  # ParquetFile: read_table imports pyarrow.dataset (~35 ms)
             return pq.ParquetFile(src).read()
-        if fmt == "jsonl":
-            return pajson.read_json(src)
-        names = pacsv.open_csv(src, parse_options=csv_parse(fmt)).schema.names  # first block
+        try:
+            names = pacsv.open_csv(src, parse_options=csv_parse(fmt)).schema.names  # 1st block
+        except pa.ArrowInvalid:
+            if not is_empty(open_):
+                raise
+            return pa.table({})
     columns = {c: pa.binary() for c in text_columns if c in names}
-    with fs.open(path, "rb", compression=compression) as src:
+    with open_() as src:
         return pacsv.read_csv(
             src,
             parse_options=csv_parse(fmt),
             convert_options=pacsv.ConvertOptions(column_types=columns),
         )
+
+
+def is_empty(open_: Callable[[], Any]) -> bool:
+    with open_() as src:
+        return not src.read(1)
 
 
 def csv_parse(fmt: str) -> pacsv.ParseOptions:
@@ -136,6 +155,8 @@ def plan_text(
     """csv / tsv / jsonl, gzipped or not: byte ranges where rows are one line each, else staged."""
     fmt, every = file_format(path), cfg.files_per_task
     table = read_table(fs, path, (cfg.url_column, cfg.caption_column))  # the schema, as today
+    if not table.num_rows and not table.column_names:  # an empty file: 0 rows, no partition
+        return 0, lambda start, count: {}
     columns = needed_columns(table.column_names, path, cfg)
     common = {"format": fmt, "columns": columns}
     folder = stage_folder(path, every, columns, version)
@@ -209,6 +230,9 @@ def plan_urls(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[s
                 }
             )
         first_global += rows
+    if not parts:  # one empty list (a header, or 0 bytes) is 0 rows; all of them: an error
+        lists = "the URL list has" if len(paths) == 1 else f"the {len(paths)} URL lists it matches"
+        raise ConfigError(f"source.path: {cfg.path}: {lists} no rows")
     return parts
 
 
@@ -262,7 +286,10 @@ def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict
     key = f"{position:0{KEY_DIGITS}d}"
     url, url_problem = as_text(row.pop(part["url_column"], None))
     caption, caption_problem = as_text(row.pop(part["caption_column"], None))
-    meta = {"key": key, "url": url, "caption": caption, **row}
+    for name in OWN_FIELDS:  # the list's own `key` (img2dataset's), `url`, `caption` columns
+        if name in row:
+            row.setdefault(f"source_{name}", row.pop(name))
+    meta = {**row, "key": key, "url": url, "caption": caption}
     sample = {
         "__key__": key,
         "url": url,

@@ -56,16 +56,21 @@ def sample_tuple(sample: dict) -> tuple:
     return (sample["__key__"], sample["url"], sample["txt"], sample["json"], sample.get(DROP))
 
 
-def new_rows(cfg: SourceConfig, work=None) -> tuple[list[tuple], list[dict]]:
+def read_all(cfg: SourceConfig, work=None) -> tuple[list[dict], list[dict]]:
+    """Every sample of the plan's partitions (staged into `work` first, when given)."""
     parts = plan_urls(cfg, {})
     if work is not None:
         stage_sources(parts, str(work), {})
     rows = []
     for part in parts:
         batch = read_urls(part, {})
-        columns = zip(*batch.values(), strict=True)
-        rows += [sample_tuple(dict(zip(batch, v, strict=True))) for v in columns]
+        rows += [dict(zip(batch, v, strict=True)) for v in zip(*batch.values(), strict=True)]
     return rows, parts
+
+
+def new_rows(cfg: SourceConfig, work=None) -> tuple[list[tuple], list[dict]]:
+    rows, parts = read_all(cfg, work)
+    return [sample_tuple(row) for row in rows], parts
 
 
 def test_groups_for_covers_exactly_the_rows():
@@ -321,7 +326,8 @@ def truncated_parquet(path) -> None:
     [
         ("empty.parquet", lambda p: p.write_bytes(b""), "size is 0 bytes"),
         ("cut.parquet", truncated_parquet, "magic bytes not found"),
-        ("empty.csv", lambda p: p.write_bytes(b""), "Empty CSV file"),
+        # a 0-byte csv is an empty list, 0 rows (tests/test_url_lists.py); blank lines are not
+        ("blank.csv", lambda p: p.write_bytes(b"\n\n"), "Empty CSV file"),
         ("quote.csv", lambda p: p.write_text('URL,TEXT\nu,"x"y,z\n'), "Expected 2 columns"),
         ("bad.jsonl", lambda p: p.write_text('{"URL":"u","TEXT":"a"}\n{oops\n'), "JSON parse"),
         ("bad.csv.gz", lambda p: p.write_bytes(b"not gzip at all"), "gzip"),

@@ -1,0 +1,190 @@
+"""URL lists that are valid but awkward: a jsonl value whose JSON type differs from the rest of
+its column, empty list files, and a list column named like the sample's own `key`, `url` or
+`caption`. Real files in tmp_path, read as a build's partitions read them."""
+
+import gzip
+import json
+import tarfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from core.config_io import ConfigError
+from pipeline.build import run_build
+from pipeline.config import BuildConfig, SourceConfig
+from pipeline.source_urls import plan_urls
+from stages.base import DROP
+from tests.test_source_ranges import read_all
+
+U = "http://127.0.0.1:9/x.jpg"
+
+
+def jsonl(path, rows: list[dict]) -> None:
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+
+
+MIXED = [
+    {"url": U, "caption": "a cat", "year": 2019, "tags": {"n": 1}, "score": 0.5},
+    {"url": 12345, "caption": 2019, "year": "unknown", "tags": {"n": "x"}, "score": 1},
+    {"url": U, "caption": ["a", 1], "year": None, "tags": None, "score": None},
+    {"url": U, "caption": "a dog", "year": 2020, "tags": {"n": 2}, "score": 0.25},
+]
+
+
+# every partition size (one row a partition: row 0 reads with pyarrow, row 1 falls back), plain
+# (byte ranges), gzipped unstaged (whole-file reads) and gzipped staged
+@pytest.mark.parametrize("every", [1, 2, 3, 256])
+@pytest.mark.parametrize(
+    ("name", "staged"), [("a.jsonl", False), ("a.jsonl.gz", False), ("a.jsonl.gz", True)]
+)
+def test_jsonl_values_of_another_type_are_read_not_a_failed_build(tmp_path, every, name, staged):
+    """Bug: pyarrow infers one type per column and aborted the plan on `"caption": 2019`."""
+    jsonl(tmp_path / name, MIXED)
+    cfg = SourceConfig(kind="urls", path=str(tmp_path / name), files_per_task=every)
+    rows, parts = read_all(cfg, work=tmp_path / "_work" if staged else None)
+    assert {p["read"] for p in parts} == ({"bytes"} if name == "a.jsonl" else {"whole"})
+    assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(4)]
+    assert [r["url"] for r in rows] == [U, "12345", U, U]  # download: not http -> dropped there
+    assert [r["txt"] for r in rows] == ["a cat", "2019", '["a", 1]', "a dog"]
+    assert all(r[DROP] is None for r in rows)
+    meta = [json.loads(r["json"]) for r in rows]
+    assert [m["year"] for m in meta] == ["2019", "unknown", None, "2020"]  # carried as text
+    assert [m["tags"] for m in meta] == ['{"n": 1}', '{"n": "x"}', None, '{"n": 2}']
+    assert [m["score"] for m in meta] == [0.5, 1.0, None, 0.25]  # one JSON type: a number
+
+
+@pytest.mark.parametrize("every", [1, 256])
+def test_jsonl_columns_not_carried_are_never_converted(tmp_path, every):
+    """`carry_columns: []` reads url and caption only: another column's types cannot fail."""
+    rows = [
+        {"url": U, "caption": f"c{i}", "year": [2019, "unknown", True][i % 3]} for i in range(7)
+    ]
+    jsonl(tmp_path / "a.jsonl", rows)
+    cfg = SourceConfig(
+        kind="urls", path=str(tmp_path / "a.jsonl"), files_per_task=every, carry_columns=[]
+    )
+    got, parts = read_all(cfg)
+    assert all(p["columns"] == ["url", "caption"] for p in parts)
+    assert [r["txt"] for r in got] == [f"c{i}" for i in range(7)]
+    assert all(set(json.loads(r["json"])) == {"key", "url", "caption"} for r in got)
+
+
+def test_jsonl_that_is_broken_after_a_type_change_is_still_a_one_line_config_error(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text(f'{{"url":"{U}","caption":"a"}}\n{{"url":"{U}","caption":2}}\n{{oops\n')
+    with pytest.raises(ConfigError) as err:
+        plan_urls(SourceConfig(kind="urls", path=str(path)), {})
+    assert str(err.value).startswith(f"source.path: {path}: not a readable jsonl list (JSON parse")
+    assert "line 3" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("empty", "data"),
+    [
+        ("b.jsonl", b""),
+        ("b.jsonl", b" \n\n"),
+        ("b.jsonl.gz", gzip.compress(b"", mtime=0)),
+        ("b.csv", b""),
+        ("b.csv", b"url,caption\n"),
+        ("b.csv.gz", gzip.compress(b"url,caption\n", mtime=0)),
+    ],
+    ids=["jsonl-0-bytes", "jsonl-blank", "jsonl-gz-0-bytes", "csv-0-bytes", "csv-header", "csv-gz"],
+)
+def test_an_empty_list_among_others_counts_as_zero_rows(tmp_path, empty, data):
+    """Bug: a 0-byte jsonl part aborted the build (`Empty JSON file`)."""
+    fmt = empty.split(".")[1]
+    first, last = tmp_path / f"a.{fmt}", tmp_path / f"c.{fmt}"
+    for path, start in ((first, 0), (last, 2)):
+        rows = [{"url": f"{U}?{i}", "caption": f"c{i}"} for i in range(start, start + 2)]
+        if fmt == "jsonl":
+            jsonl(path, rows)
+        else:
+            path.write_text("url,caption\n" + "".join(f"{r['url']},{r['caption']}\n" for r in rows))
+    (tmp_path / empty).write_bytes(data)
+    cfg = SourceConfig(kind="urls", path=str(tmp_path / f"*.{fmt}*"), files_per_task=1)
+    rows, parts = read_all(cfg, work=tmp_path / "_work")
+    assert [r["txt"] for r in rows] == ["c0", "c1", "c2", "c3"]
+    assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(4)]
+    assert {p["file"] for p in parts} == {str(first), str(last)}
+
+
+@pytest.mark.parametrize(
+    ("names", "data"),
+    [
+        (["a.csv"], b"url,caption\n"),
+        (["a.jsonl"], b""),
+        (["a.csv", "b.csv"], b"url,caption\n"),
+        (["a.parquet"], None),
+    ],
+    ids=["csv-header", "jsonl-0-bytes", "two-csv-headers", "parquet-0-rows"],
+)
+def test_lists_with_no_row_at_all_are_a_one_line_config_error(tmp_path, names, data):
+    """Bug: a header-only csv was refused as `no input files in ...` though it exists."""
+    folder = tmp_path / "lists"
+    folder.mkdir()
+    for name in names:
+        if data is None:
+            pq.write_table(
+                pa.table({"url": pa.array([], pa.string()), "caption": []}), folder / name
+            )
+        else:
+            (folder / name).write_bytes(data)
+    pattern = str(folder / (names[0] if len(names) == 1 else "*"))
+    with pytest.raises(ConfigError) as err:
+        plan_urls(SourceConfig(kind="urls", path=pattern), {})
+    lists = "the URL list has" if len(names) == 1 else f"the {len(names)} URL lists it matches"
+    assert str(err.value) == f"source.path: {pattern}: {lists} no rows"
+    spec = {"source": {"kind": "urls", "path": pattern}, "output": {"path": str(tmp_path / "o")}}
+    with pytest.raises(ConfigError, match="no rows$"):  # what a build says (before Ray starts)
+        run_build(BuildConfig.model_validate(spec), progress=False)
+
+
+def test_a_list_column_named_key_url_or_caption_never_replaces_the_samples_own(tmp_path):
+    """Bug: img2dataset's parquet has a `key` column, and `{"key": key, **row}` let it win."""
+    table = pa.table(
+        {
+            "URL": [f"{U}?0", f"{U}?1"],
+            "TEXT": ["a cat", "a dog"],
+            "key": ["same", "same"],
+            "url": ["http://other/0", None],
+            "caption": ["old caption", "old"],
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    cfg = SourceConfig(
+        kind="urls", path=str(tmp_path / "a.parquet"), url_column="URL", caption_column="TEXT"
+    )
+    rows, _ = read_all(cfg)
+    meta = [json.loads(r["json"]) for r in rows]
+    assert [m["key"] for m in meta] == [r["__key__"] for r in rows] == ["000000000", "000000001"]
+    assert [m["url"] for m in meta] == [f"{U}?0", f"{U}?1"]
+    assert [m["caption"] for m in meta] == ["a cat", "a dog"]
+    assert [m["source_key"] for m in meta] == ["same", "same"]
+    assert [m["source_url"] for m in meta] == ["http://other/0", None]
+    assert [m["source_caption"] for m in meta] == ["old caption", "old"]
+
+
+def test_built_samples_keep_their_own_key_in_json_tar_and_parquet(tmp_path):
+    """The key column bug through a build (local runtime, no Ray): tar member key, json key and
+    the shard parquet's key agree, although the list's `key` column repeats one value."""
+    path = tmp_path / "list.csv"
+    path.write_text(f"url,caption,key\n{U}?a,a cat,same\n{U}?b,a dog,same\n")
+    spec = {
+        "source": {"kind": "urls", "path": str(path)},
+        "output": {"path": str(tmp_path / "out")},
+        "ray": {"runtime": "local", "num_cpus": 1},
+    }
+    run_build(BuildConfig.model_validate(spec), progress=False)
+    members = {}
+    for shard in sorted((tmp_path / "out").glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".json"):
+                    members[member.name.removesuffix(".json")] = json.load(tar.extractfile(member))
+    assert {k: m["key"] for k, m in members.items()} == {k: k for k in members}
+    assert sorted(members) == ["000000000", "000000001"]
+    assert {m["source_key"] for m in members.values()} == {"same"}
+    keys = pq.read_table(tmp_path / "out" / "shard-000000.parquet").column("key").to_pylist()
+    assert sorted(keys) == sorted(members)
