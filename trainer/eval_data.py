@@ -192,9 +192,13 @@ class ShardRead:
     def __call__(self, units: list[Segment]) -> Iterator[tuple[int, dict[str, Any] | None]]:
         # Why per process: a forked loader worker must not share its parent's cache threads.
         if self._reader is None or self._reader[0] != os.getpid():
-            reader = ShardReader(self.shards, self.storage_options, self.cache)
+            reader = EvalShardReader(self.shards, self.storage_options, self.cache)
             self._reader = (os.getpid(), reader)
         return self._reader[1].positions(units)
+
+
+class EvalShardReader(ShardReader):
+    SKIPPED = "its samples are counted as unreadable"
 
 
 class FolderRead:

@@ -29,6 +29,9 @@ PREFETCH_SHARDS = 2  # shard runs a worker asks the cache to fetch ahead of the 
 
 
 class ShardReader:
+    # What a skipped shard's samples become, for the warning: training replaces them
+    SKIPPED = "its samples are replaced by others"
+
     def __init__(
         self,
         shards: Sequence[Shard],
@@ -88,9 +91,10 @@ class ShardReader:
             self.logged.add(index)
             self.unreported.append(index)
             log.warning(
-                "skipping shard %s: %s; its samples are replaced by others",
+                "skipping shard %s: %s; %s",
                 self.shards[index].url,
                 " ".join(why.split()),
+                self.SKIPPED,
             )
 
     def take_skipped(self) -> tuple[int, ...]:
