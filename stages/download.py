@@ -2,8 +2,8 @@
 
 Failures are drop reasons: `http_404`, `http_500` (after retries), `timeout`, `too_large`,
 `not_image`, `robots_optout`, `bad_url`, `bad_scheme`, `bad_redirect`, `private_address`,
-`dns_error`, `ssl_error`, `connection_error`, `too_many_redirects`, `no_url`, and
-`fetch_error` for anything unforeseen (logged): one URL never stops the build.
+`dns_error`, `ssl_error`, `connection_error` (a body cut short included), `too_many_redirects`,
+`no_url`, and `fetch_error` for anything unforeseen (logged): one URL never stops the build.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ log = logging.getLogger(__name__)
 
 
 class DownloadOptions(StageOptions):
-    timeout_s: float = Field(10.0, gt=0, description="Time limit for one attempt, body included.")
+    timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Time limit for one attempt: connect, headers, every redirect, the body.",
+    )
     connect_timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(2, ge=0, description="Extra attempts after 429/5xx/connection errors.")
     backoff_s: float = Field(0.5, ge=0, description="Base of the exponential backoff (jittered).")

@@ -51,7 +51,23 @@ def bomb_png() -> bytes:
     return out.getvalue()
 
 
-class Corpus(ThreadingHTTPServer):
+class Served:
+    """A socketserver served from a daemon thread; stop() first releases stalled handlers
+    (they wait on the server's `release` event)."""
+
+    release: threading.Event
+
+    def start(self):  # noqa: ANN201 - the server itself
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        self.shutdown()
+        self.server_close()
+
+
+class Corpus(Served, ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self) -> None:
@@ -82,15 +98,6 @@ class Corpus(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address) -> None:
         pass  # clients hang up on purpose (too_large, robots, timeouts): not a test failure
-
-    def start(self) -> Corpus:
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.release.set()
-        self.shutdown()
-        self.server_close()
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -2,11 +2,15 @@
 
 Pure of Ray and of the stage machinery so it can be tested against local servers directly.
 Redirects are followed by hand so that each hop is checked (scheme, private address).
+An attempt has one deadline (`timeout_s`) for all of it: connect, TLS, request, status line and
+headers, every redirect hop and every body read.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
 import random
 import socket
 import ssl
@@ -70,20 +74,79 @@ def check_url(url: object, policy: FetchPolicy) -> tuple[str, ...] | None:
     return vet_addresses(parse_url(url, policy.max_url_chars), policy.allow_private_addresses)
 
 
-def pinned_connector(addresses: tuple[str, ...]) -> Callable[..., socket.socket]:
-    """A `create_connection` for http.client that dials only the vetted addresses (Host header
-    and TLS server name stay the URL's host)."""
+def time_left(deadline: float) -> float:
+    """Seconds the attempt has left; TimeoutError (the `timeout` reason) once it has none."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("attempt deadline passed")
+    return left
+
+
+def pinned_connector(
+    addresses: tuple[str, ...] | None, deadline: float
+) -> Callable[..., socket.socket]:
+    """A `create_connection` for http.client that dials only the vetted addresses (None: the
+    host's own, guard off), each dial and then the TLS handshake within the attempt's time (Host
+    header and TLS server name stay the URL's host)."""
 
     def connect(address: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
         error: OSError | None = None
-        for ip in addresses:
+        for host in addresses if addresses is not None else (address[0],):
             try:
-                return socket.create_connection((ip, address[1]), timeout, source)
-            except OSError as err:
+                sock = socket.create_connection(
+                    (host, address[1]), min(timeout, time_left(deadline)), source
+                )
+            except OSError as err:  # the next address, while time is left
                 error = err
+                continue
+            try:
+                sock.settimeout(min(timeout, time_left(deadline)))  # TLS handshake: a total
+            except TimeoutError:
+                sock.close()
+                raise
+            return sock
         raise error or OSError("no address")
 
     return connect
+
+
+class DeadlineReader(io.RawIOBase):
+    """A response's socket reader that gives each recv at most the time the attempt has left.
+
+    A per-recv timeout alone cannot bound an attempt: the status line and headers are read
+    inside getresponse() as many small recvs, and a server dripping a byte a second never trips
+    one. Shrinking the socket timeout before every recv bounds them all in the reading thread
+    itself (TLS too: an ssl read takes the socket timeout as its deadline), where a watchdog
+    thread shutting sockets down would be one more thread to run, and its timeouts would look
+    like resets.
+    """
+
+    def __init__(self, raw: Any, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self.raw, self.sock, self.deadline = raw, sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        self.sock.settimeout(time_left(self.deadline))
+        return self.raw.readinto(buffer)
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.raw.close()  # the socket's own reader: releases its hold on the socket
+        super().close()
+
+
+class DeadlineResponse(http.client.HTTPResponse):
+    """An HTTPResponse every read of which (status line, headers, body) ends by `deadline`."""
+
+    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp = io.BufferedReader(DeadlineReader(self.fp.detach(), sock, deadline))
 
 
 def robots_optout(values: list[str], policy: FetchPolicy) -> bool:
@@ -121,10 +184,11 @@ class Connections:
         host: str,
         port: int,
         policy: FetchPolicy,
-        addresses: tuple[str, ...] | None = None,
+        addresses: tuple[str, ...] | None,
+        deadline: float,
     ) -> tuple[Any, bool]:
         """(connection, reused): an idle kept-alive one for this origin, else a new one (dialing
-        only `addresses` when given)."""
+        only `addresses` when given), connected by `deadline`."""
         cached = self._cache().pop((scheme, host, port), None)
         if cached is not None:
             return cached, True
@@ -134,10 +198,12 @@ class Connections:
             )
         else:
             conn = http.client.HTTPConnection(host, port, timeout=policy.connect_timeout_s)
-        if addresses is not None:
-            conn._create_connection = pinned_connector(addresses)  # http.client's own hook
-        conn.connect()
-        conn.sock.settimeout(policy.timeout_s)  # connect has its own limit; reads get this one
+        conn._create_connection = pinned_connector(addresses, deadline)  # http.client's hook
+        try:
+            conn.connect()
+        except BaseException:
+            conn.close()
+            raise
         return conn, False
 
     def give(self, scheme: str, host: str, port: int, conn: Any) -> None:
@@ -147,7 +213,9 @@ class Connections:
             cache.popitem(last=False)[1].close()
 
 
-def read_body(response: http.client.HTTPResponse, policy: FetchPolicy, deadline: float) -> bytes:
+def read_body(response: http.client.HTTPResponse, policy: FetchPolicy) -> bytes:
+    """The whole body (the response's reader keeps the deadline); IncompleteRead (a
+    `connection_error`) when the connection closes before the announced Content-Length."""
     length = response.getheader("Content-Length")
     if length and length.isdigit() and int(length) > policy.max_bytes:
         raise Failed("too_large")
@@ -155,12 +223,12 @@ def read_body(response: http.client.HTTPResponse, policy: FetchPolicy, deadline:
     while True:
         chunk = response.read1(1 << 16)
         if not chunk:
+            if response.length:  # read1 answers b"" at EOF, however much was announced
+                raise http.client.IncompleteRead(b"".join(chunks), response.length)
             return b"".join(chunks)
         size += len(chunk)
         if size > policy.max_bytes:
             raise Failed("too_large")
-        if time.monotonic() > deadline:
-            raise Failed("timeout")
         chunks.append(chunk)
 
 
@@ -169,13 +237,18 @@ def exchange(
     target: Target,
     policy: FetchPolicy,
     addresses: tuple[str, ...] | None = None,
+    deadline: float | None = None,
 ) -> tuple[int, str | None, bytes]:
-    """One request (a stale kept-alive connection is retried once on a fresh one)."""
+    """One request, done by `deadline` (default: `timeout_s` from now); a stale kept-alive
+    connection is retried once on a fresh one."""
+    deadline = time.monotonic() + policy.timeout_s if deadline is None else deadline
     origin = target.origin
     headers = {"User-Agent": policy.user_agent, "Accept": "image/*,*/*;q=0.8"}
     for _ in range(2):
-        conn, reused = conns.take(*origin, policy, addresses)
+        conn, reused = conns.take(*origin, policy, addresses, deadline)
+        conn.response_class = functools.partial(DeadlineResponse, deadline=deadline)
         try:
+            conn.sock.settimeout(time_left(deadline))  # sending the request
             conn.request("GET", target.path, headers=headers)
             response = conn.getresponse()
         except (
@@ -188,10 +261,11 @@ def exchange(
             if reused:
                 continue
             raise
+        except BaseException:
+            conn.close()
+            raise
         try:
-            return finish(
-                response, policy, time.monotonic() + policy.timeout_s, conns, origin, conn
-            )
+            return finish(response, policy, conns, origin, conn)
         except BaseException:
             conn.close()
             raise
@@ -201,7 +275,6 @@ def exchange(
 def finish(
     response: http.client.HTTPResponse,
     policy: FetchPolicy,
-    deadline: float,
     conns: Connections,
     origin: tuple,
     conn: Any,
@@ -213,7 +286,7 @@ def finish(
     elif robots_optout(response.headers.get_all("X-Robots-Tag") or [], policy):
         raise Failed("robots_optout")
     else:
-        body = read_body(response, policy, deadline)
+        body = read_body(response, policy)
     fully_read = response.isclosed() or response.length == 0
     if fully_read and not response.will_close:
         response.close()  # releases the response; the socket stays open for the next one
@@ -224,16 +297,17 @@ def finish(
 
 
 def attempt(conns: Connections, url: object, policy: FetchPolicy) -> tuple[bytes, int]:
-    """One attempt, following redirects (each hop vetted again); returns (body, status) or
-    raises Failed."""
+    """One attempt, following redirects (each hop vetted again), all within one `timeout_s`;
+    returns (body, status) or raises Failed."""
     target, seen = parse_url(url, policy.max_url_chars), set()
+    deadline = time.monotonic() + policy.timeout_s
     for _ in range(policy.max_redirects + 1):
         if target.url in seen:  # a loop: no point asking again (we send no cookies)
             break
         seen.add(target.url)
         addresses = vet_addresses(target, policy.allow_private_addresses)
         try:
-            status, location, body = exchange(conns, target, policy, addresses)
+            status, location, body = exchange(conns, target, policy, addresses, deadline)
         except TimeoutError:
             raise Failed("timeout") from None
         except ssl.SSLError:
