@@ -206,13 +206,8 @@ def library_files(
     same here, except that only a zero block (or the end of the data at a block boundary)
     ends it: a damaged header or one cut short fails with tarfile's ReadError, where tarfile
     took it as the end of the archive and the samples after it were lost unseen."""
-    if not at_start:
-        try:
-            tarfile.TarInfo.frombuf(header, tarfile.ENCODING, "surrogateescape")
-        except (tarfile.EOFHeaderError, tarfile.EmptyHeaderError):
-            return
-        except tarfile.HeaderError as err:
-            raise tarfile.ReadError(str(err)) from None
+    if not at_start and ends_archive(header):
+        return
     stream = Recorded(Replayed(header, rest))
     try:
         tar = tarfile.open(fileobj=stream, mode="r|*" if at_start else "r|")
@@ -235,12 +230,19 @@ def check_last_header(stream: Recorded, offset: int, read: int) -> None:
         raise tarfile.ReadError(CUT_HEADER)
     block = stream.block(offset) if read == BLOCK else None
     if block is not None:
-        try:
-            tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
-        except tarfile.EOFHeaderError:
-            return
-        except tarfile.HeaderError as err:
-            raise tarfile.ReadError(str(err)) from None
+        ends_archive(block)
+
+
+def ends_archive(block: bytes) -> bool:
+    """True for a zero block or no data (the end of an archive), False for a valid header;
+    tarfile's ReadError for a damaged one."""
+    try:
+        tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    except (tarfile.EOFHeaderError, tarfile.EmptyHeaderError):
+        return True
+    except tarfile.HeaderError as err:
+        raise tarfile.ReadError(str(err)) from None
+    return False
 
 
 class Recorded:
