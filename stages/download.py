@@ -31,6 +31,11 @@ class DownloadOptions(StageOptions):
     connect_timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(2, ge=0, description="Extra attempts after 429/5xx/connection errors.")
     backoff_s: float = Field(0.5, ge=0, description="Base of the exponential backoff (jittered).")
+    max_retry_after_s: float = Field(
+        10.0,
+        ge=0,
+        description="Longest Retry-After honoured; a 429/503 asking for longer is not retried.",
+    )
     max_bytes: int = Field(20_000_000, gt=0, description="Larger bodies drop as `too_large`.")
     max_redirects: int = Field(5, ge=0)
     max_url_chars: int = Field(

@@ -75,6 +75,7 @@ class Corpus(Served, ThreadingHTTPServer):
         self.files: dict[str, tuple[bytes, str, dict]] = {}  # path -> (body, type, headers)
         self.hits: Counter[str] = Counter()
         self.redirects: dict[str, tuple[int, str]] = {}  # path -> (status, raw Location)
+        self.busy_paths: dict[str, tuple[int, str]] = {}  # path -> (429s to send, Retry-After)
         self.connections = 0  # accepted TCP connections, whether or not a request followed
         self.release = threading.Event()  # lets stalled handlers finish at shutdown
 
@@ -90,6 +91,11 @@ class Corpus(Served, ThreadingHTTPServer):
         """Answer `path` with a redirect to `location`, sent byte for byte (UTF-8), however
         malformed it is."""
         self.redirects[path] = (status, location)
+        return self.base + path
+
+    def busy(self, path: str, retry_after: str, times: int = 1) -> str:
+        """Answer `path` with 429 and this Retry-After `times` times, then with /img/good."""
+        self.busy_paths[path] = (times, retry_after)
         return self.base + path
 
     def process_request(self, request, client_address) -> None:
@@ -117,6 +123,11 @@ class Handler(BaseHTTPRequestHandler):
             code = 429 if "429" in path else 500
             if hits == 1:
                 return self.reply(code, b"busy", "text/plain")
+            return self.reply(200, *self.server.files["/img/good"][:2])
+        if path in self.server.busy_paths:
+            times, retry_after = self.server.busy_paths[path]
+            if hits <= times:
+                return self.reply(429, b"busy", "text/plain", Retry_After=retry_after)
             return self.reply(200, *self.server.files["/img/good"][:2])
         if path in self.server.redirects:
             code, location = self.server.redirects[path]

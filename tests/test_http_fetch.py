@@ -106,8 +106,8 @@ def test_connections_dial_only_the_vetted_addresses(corpus):
     corpus.serve("/img/good", photo_bytes())
     target = parse_url(f"http://pinned.invalid:{corpus.server_address[1]}/img/good")
     policy = FetchPolicy(allow_private_addresses=True)
-    status, _, body = exchange(Connections(), target, policy, addresses=("127.0.0.1",))
-    assert status == 200 and body == corpus.files["/img/good"][0]
+    reply = exchange(Connections(), target, policy, addresses=("127.0.0.1",))
+    assert reply.status == 200 and reply.body == corpus.files["/img/good"][0]
     with pytest.raises(OSError):  # no vetted address: nothing is dialled
         exchange(Connections(), target, policy, addresses=())
     assert corpus.connections == 1

@@ -2,12 +2,15 @@
 
 Pure of Ray and of the stage machinery so it can be tested against local servers directly.
 Redirects are followed by hand so that each hop is checked (scheme, private address).
-An attempt has one deadline (`timeout_s`) for all of it: connect, TLS, request, status line and
-headers, every redirect hop and every body read.
+An attempt has one deadline (`timeout_s`) for all of it: name lookups, connect, TLS, request,
+status line and headers, every redirect hop and every body read. A 429 or 503 that says how long
+to wait (Retry-After) is retried after that wait when it is at most `max_retry_after_s`, and not
+retried at all when the server asks for longer.
 """
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import http.client
 import io
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stages.lib.resolver import Resolver
 from stages.lib.url_guard import Failed, Target, parse_url, redirect_target, vet_addresses
 
 REDIRECTS = {301, 302, 303, 307, 308}
@@ -43,6 +47,7 @@ class FetchPolicy:
     connect_timeout_s: float = 5.0
     retries: int = 2
     backoff_s: float = 0.5
+    max_retry_after_s: float = 10.0
     max_bytes: int = 20_000_000
     max_redirects: int = 5
     max_url_chars: int = 8192  # longer URLs (and redirect targets) drop as `bad_url`
@@ -172,6 +177,7 @@ class Connections:
         self.per_thread = per_thread
         self.local = threading.local()
         self.tls = ssl.create_default_context()
+        self.resolver = Resolver()
 
     def _cache(self) -> OrderedDict:
         if not hasattr(self.local, "conns"):
@@ -232,13 +238,21 @@ def read_body(response: http.client.HTTPResponse, policy: FetchPolicy) -> bytes:
         chunks.append(chunk)
 
 
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    location: str | None  # a redirect's target, as sent
+    body: bytes
+    retry_after_s: float | None = None  # the server's Retry-After, in seconds from now
+
+
 def exchange(
     conns: Connections,
     target: Target,
     policy: FetchPolicy,
     addresses: tuple[str, ...] | None = None,
     deadline: float | None = None,
-) -> tuple[int, str | None, bytes]:
+) -> Reply:
     """One request, done by `deadline` (default: `timeout_s` from now); a stale kept-alive
     connection is retried once on a fresh one."""
     deadline = time.monotonic() + policy.timeout_s if deadline is None else deadline
@@ -278,8 +292,8 @@ def finish(
     conns: Connections,
     origin: tuple,
     conn: Any,
-) -> tuple[int, str | None, bytes]:
-    """Status, redirect target and body (read only for a 200 that did not opt out)."""
+) -> Reply:
+    """Status, redirect target, body (read only for a 200 that did not opt out), Retry-After."""
     location = response.getheader("Location") if response.status in REDIRECTS else None
     if location is not None or response.status != 200:
         body = response.read(64 << 10)  # small error pages; a big one just closes the conn
@@ -293,7 +307,23 @@ def finish(
         conns.give(*origin, conn)
     else:
         conn.close()
-    return response.status, location, body
+    wait = retry_after(response.getheader("Retry-After")) if response.status != 200 else None
+    return Reply(response.status, location, body, wait)
+
+
+def retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds from now: delta-seconds or an HTTP date; None when absent or not
+    understood (then the usual backoff applies)."""
+    value = (value or "").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # HTTP dates are GMT
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def attempt(conns: Connections, url: object, policy: FetchPolicy) -> tuple[bytes, int]:
@@ -301,13 +331,17 @@ def attempt(conns: Connections, url: object, policy: FetchPolicy) -> tuple[bytes
     returns (body, status) or raises Failed."""
     target, seen = parse_url(url, policy.max_url_chars), set()
     deadline = time.monotonic() + policy.timeout_s
+
+    def resolve(host: str, port: int) -> tuple[str, ...]:
+        return conns.resolver.addresses(host, port, deadline)
+
     for _ in range(policy.max_redirects + 1):
         if target.url in seen:  # a loop: no point asking again (we send no cookies)
             break
         seen.add(target.url)
-        addresses = vet_addresses(target, policy.allow_private_addresses)
         try:
-            status, location, body = exchange(conns, target, policy, addresses, deadline)
+            addresses = vet_addresses(target, policy.allow_private_addresses, resolve)
+            reply = exchange(conns, target, policy, addresses, deadline)
         except TimeoutError:
             raise Failed("timeout") from None
         except ssl.SSLError:
@@ -318,12 +352,13 @@ def attempt(conns: Connections, url: object, policy: FetchPolicy) -> tuple[bytes
             raise Failed("bad_url") from None
         except (http.client.HTTPException, OSError):
             raise Failed("connection_error", retry=True) from None
-        if location is not None:
-            target = redirect_target(target, location, policy.max_url_chars)
+        if reply.location is not None:
+            target = redirect_target(target, reply.location, policy.max_url_chars)
             continue
-        if status != 200:
-            raise Failed(f"http_{status}", retry=status in RETRYABLE, status=status)
-        return body, status
+        if reply.status != 200:
+            retry = reply.status in RETRYABLE
+            raise Failed(f"http_{reply.status}", retry, reply.status, reply.retry_after_s)
+        return reply.body, reply.status
     raise Failed("too_many_redirects")
 
 
@@ -334,8 +369,9 @@ def fetch(conns: Connections, url: object, policy: FetchPolicy) -> Fetched:
         try:
             data, status = attempt(conns, url, policy)
         except Failed as failure:
-            if failure.retry and tries <= policy.retries:
-                time.sleep(random.uniform(0, policy.backoff_s * 2 ** (tries - 1)))
+            pause = retry_pause(failure, tries, policy)
+            if pause is not None:
+                time.sleep(pause)
                 continue
             return Fetched(reason=failure.reason, status=failure.status, attempts=tries)
         column = sniff(data)
@@ -343,3 +379,18 @@ def fetch(conns: Connections, url: object, policy: FetchPolicy) -> Fetched:
             return Fetched(reason="not_image", status=status, attempts=tries)
         return Fetched(data=data, column=column, status=status, attempts=tries)
     raise AssertionError("unreachable")
+
+
+def retry_pause(failure: Failed, tries: int, policy: FetchPolicy) -> float | None:
+    """Seconds to wait before attempt `tries + 1`, or None when not to retry: the failure cannot
+    be helped by trying again, the retries are spent, or the server asked (Retry-After) for a
+    longer wait than `max_retry_after_s`. Otherwise the longer of the server's wait and the
+    jittered exponential backoff."""
+    if not failure.retry or tries > policy.retries:
+        return None
+    backoff = random.uniform(0, policy.backoff_s * 2 ** (tries - 1))
+    if failure.wait_s is None:
+        return backoff
+    if failure.wait_s > policy.max_retry_after_s:
+        return None
+    return max(failure.wait_s, backoff)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from urllib.parse import SplitResult, quote, unquote, urljoin, urlsplit
@@ -39,9 +40,15 @@ LOCAL_NAT64 = ip_network("64:ff9b:1::/48")
 class Failed(Exception):
     """A fetch attempt ended with a named reason; `retry` says whether trying again may help."""
 
-    def __init__(self, reason: str, retry: bool = False, status: int | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        retry: bool = False,
+        status: int | None = None,
+        wait_s: float | None = None,  # how long the server asked us to wait (Retry-After)
+    ) -> None:
         super().__init__(reason)
-        self.reason, self.retry, self.status = reason, retry, status
+        self.reason, self.retry, self.status, self.wait_s = reason, retry, status, wait_s
 
 
 @dataclass(frozen=True)
@@ -203,23 +210,29 @@ def literal_address(host: str) -> IPv4Address | IPv6Address | None:
     return None
 
 
-def vet_addresses(target: Target, allow_private: bool) -> tuple[str, ...] | None:
-    """The addresses the connection may dial (None: any, guard off); `private_address` when
-    any of them is not public, so a second DNS answer cannot point it elsewhere."""
-    if allow_private:
-        return None
+def vet_addresses(
+    target: Target,
+    allow_private: bool,
+    resolve: Callable[[str, int], tuple[str, ...]] | None = None,
+) -> tuple[str, ...]:
+    """The addresses the connection may dial, looked up by `resolve` (default: `lookup`)
+    unless the host is an address; `private_address` when the guard is on and any of them is
+    not public, so a second DNS answer cannot point the connection elsewhere."""
     literal = literal_address(target.host)
     if literal is not None:
         addresses: tuple[str, ...] = (target.host if ":" in target.host else str(literal),)
     else:
-        addresses = resolve(target.host, target.port)
+        addresses = (resolve or lookup)(target.host, target.port)
+    if allow_private:
+        return addresses
     for text in addresses:
         if not is_public_address(ip_address(text.split("%")[0])):
             raise Failed("private_address")
     return addresses
 
 
-def resolve(host: str, port: int) -> tuple[str, ...]:
+def lookup(host: str, port: int) -> tuple[str, ...]:
+    """The host's addresses, with no time limit (the fetcher uses a `Resolver` instead)."""
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError):
