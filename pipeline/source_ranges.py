@@ -11,7 +11,9 @@
 - jsonl (json_table): pyarrow's reader, which wants one JSON type per column; where a value
   breaks that (`"caption": 2019` among strings, `"year": "unknown"` after numbers), Python's
   json reads the text instead and such a column becomes text: strings as they are, other
-  values as their JSON text. A partition parses only the columns it uses.
+  values as their JSON text. A partition parses only the columns it uses. Text that is not
+  UTF-8 (bytes, or an escaped lone surrogate such as `"\ud800"`) makes its column binary, so the
+  rows holding it can be dropped one by one (`caption_not_utf8`) instead of failing the file.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ OPEN, CLOSE = ord("{"), ord("}")
 SPACE = np.array([32, 9, CR], np.uint8)  # JSON whitespace within a line
 JSON_SPACE = re.compile(r"[ \t\r\n]*")
 TEXT_TYPES = (pa.string(), pa.large_string())
+BINARY_TYPES = (pa.binary(), pa.large_binary())
 log = logging.getLogger("mmcurate.sources")
 
 
@@ -236,18 +239,15 @@ def json_table(open_: Callable[[], Any], schema: pa.Schema | None = None) -> pa.
     except pa.ArrowInvalid:
         with open_() as src:
             data = src.read()
-    try:
-        return rows_table(list(json_rows(data)), schema)
-    except UnicodeEncodeError:  # "\ud800": pyarrow refuses it too
-        raise pa.ArrowInvalid("JSON parse error: a lone surrogate in a string") from None
+    return rows_table(list(json_rows(data)), schema)
 
 
 def rows_table(rows: list[dict[str, Any]], schema: pa.Schema | None) -> pa.Table:
     """Parsed jsonl rows as a table: the planned columns and types (a partition), else every
     column, typed as json_column infers."""
-    if schema is not None:
+    if schema is not None:  # a text column may come back binary (text that is not UTF-8)
         columns = [json_column([r.get(f.name) for r in rows], f.type) for f in schema]
-        return pa.Table.from_arrays(columns, schema=schema)
+        return pa.Table.from_arrays(columns, names=schema.names)
     names = list(dict.fromkeys(name for row in rows for name in row))
     columns = [json_column([r.get(name) for r in rows]) for name in names]
     texts = [n for n, c in zip(names, columns, strict=True) if c.type == pa.string()]
@@ -259,7 +259,8 @@ def rows_table(rows: list[dict[str, Any]], schema: pa.Schema | None) -> pa.Table
 
 def json_rows(data: bytes) -> Iterator[dict[str, Any]]:
     """The objects of a jsonl text, as pyarrow reads them: JSON whitespace between objects."""
-    text, decoder = data.decode("utf-8"), pyjson.JSONDecoder()
+    # bytes that are not UTF-8 stay in the strings as lone surrogates (text_array's to find)
+    text, decoder = data.decode("utf-8", "surrogateescape"), pyjson.JSONDecoder()
     at = JSON_SPACE.match(text).end()
     while at < len(text):
         try:
@@ -278,18 +279,52 @@ def json_column(values: list[Any], type_: pa.DataType | None = None) -> pa.Array
     type, text columns as json_text; else the type pyarrow infers when every value has the
     same JSON type (numbers: one), else text."""
     if type_ is not None:
-        if type_ in TEXT_TYPES:
-            return pa.array([json_text(v) for v in values], type_)
+        if type_ in TEXT_TYPES or type_ in BINARY_TYPES:
+            return text_array(values, type_)
         return pa.array(values, type_)
     kinds = {json_kind(v) for v in values} - {"null"}
     if len(kinds) <= 1:
         try:
             return pa.array(values)
-        except UnicodeEncodeError:
-            raise
         except (pa.ArrowException, OverflowError, TypeError, ValueError):
             pass  # e.g. nested values whose inner types differ, integers beyond 64 bits
-    return pa.array([json_text(v) for v in values], pa.string())
+    return text_array(values)
+
+
+def text_array(values: list[Any], type_: pa.DataType = TEXT_TYPES[0]) -> pa.Array:
+    """A text column of JSON values (json_text), binary when asked for or when some text is not
+    UTF-8 (a lone surrogate: undecodable bytes or a `\ud800` escape), so that only the rows
+    holding such text fail their UTF-8 check later."""
+    texts = [json_text(v) for v in values]
+    if type_ in TEXT_TYPES:
+        try:
+            return pa.array(texts, type_)
+        except UnicodeEncodeError:
+            type_ = pa.binary()
+    return pa.array([t if t is None else raw_bytes(t) for t in texts], type_)
+
+
+def raw_bytes(text: str) -> bytes:
+    """Text back to the bytes it was read from (json_rows keeps undecodable bytes as lone
+    surrogates); an escaped lone surrogate becomes bytes that are not UTF-8 either."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def binary_where_not_utf8(table: pa.Table) -> pa.Table:
+    """The table with every text column that holds bytes which are not UTF-8 (pyarrow's json
+    reader does not check) cast to binary, which converts each value to Python bytes rather
+    than failing the whole conversion."""
+    for index, column in enumerate(table.schema):
+        if column.type in TEXT_TYPES:
+            try:
+                table.column(index).validate(full=True)
+            except pa.ArrowInvalid:
+                binary = pa.large_binary() if column.type == pa.large_string() else pa.binary()
+                table = table.set_column(index, column.name, table.column(index).cast(binary))
+    return table
 
 
 def json_kind(value: Any) -> str:

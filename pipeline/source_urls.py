@@ -32,6 +32,7 @@ from core.storage import filesystem, protocol_of, store_version, with_protocol, 
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
 from pipeline.source_ranges import (
+    binary_where_not_utf8,
     group_starts,
     groups_for,
     json_table,
@@ -265,6 +266,7 @@ def read_urls(part: dict[str, Any], storage_options: dict[str, Any]) -> dict[str
         )
     path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)[1]
     batch = empty_batch()
+    table = binary_where_not_utf8(table)
     pandas_for_nanoseconds(table.schema)
     for index, row in enumerate(table.to_pylist()):
         sample = url_sample(row, part, part["first_key"] + index)
@@ -282,6 +284,11 @@ def as_text(value: Any) -> tuple[str | None, str | None]:
     return str(value), None
 
 
+def readable(value: Any) -> Any:
+    """A carried cell as JSON can hold it: bytes as text, undecodable bytes replaced (U+FFFD)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict[str, Any]:
     key = f"{position:0{KEY_DIGITS}d}"
     url, url_problem = as_text(row.pop(part["url_column"], None))
@@ -289,6 +296,7 @@ def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict
     for name in OWN_FIELDS:  # the list's own `key` (img2dataset's), `url`, `caption` columns
         if name in row:
             row.setdefault(f"source_{name}", row.pop(name))
+    row = {name: readable(value) for name, value in row.items()}
     meta = {**row, "key": key, "url": url, "caption": caption}
     sample = {
         "__key__": key,

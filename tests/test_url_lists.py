@@ -71,6 +71,39 @@ def test_jsonl_columns_not_carried_are_never_converted(tmp_path, every):
     assert all(set(json.loads(r["json"])) == {"key", "url", "caption"} for r in got)
 
 
+NOT_UTF8 = [  # raw lines: bytes that are not UTF-8, and an escaped lone surrogate
+    b'{"url": "%s", "caption": "a cat", "n": 1}' % U.encode(),
+    b'{"url": "%s", "caption": "bad \xff bytes", "n": 2}' % U.encode(),
+    b'{"url": "%s", "caption": "lone \\ud800 escape", "n": 3}' % U.encode(),
+    b'{"url": "http://127.0.0.1:9/\xfe.jpg", "caption": "ok", "n": 4}',
+    b'{"url": "%s", "caption": "kept", "n": 5, "note": "x\xffy"}' % U.encode(),
+]
+
+
+@pytest.mark.parametrize("every", [1, 2, 256])
+@pytest.mark.parametrize("mixed", [False, True], ids=["pyarrow", "fallback"])
+@pytest.mark.parametrize(
+    ("name", "staged"), [("a.jsonl", False), ("a.jsonl.gz", False), ("a.jsonl.gz", True)]
+)
+def test_jsonl_text_that_is_not_utf8_drops_its_row_only(tmp_path, every, mixed, name, staged):
+    """Bug: a caption with a byte that is not UTF-8 ended the task with UnicodeDecodeError
+    (pyarrow's json reader does not check UTF-8; converting the column did), and an escaped
+    lone surrogate failed the whole list. Now, as for csv: `caption_not_utf8` or
+    `url_not_utf8` for that row; an uncarried-by-name column keeps its text, with U+FFFD."""
+    lines = list(NOT_UTF8)
+    if mixed:  # a number among strings: the Python json reader's path
+        lines.append(b'{"url": "%s", "caption": 2019, "n": "six"}' % U.encode())
+    data = b"\n".join(lines) + b"\n"
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    cfg = SourceConfig(kind="urls", path=str(tmp_path / name), files_per_task=every)
+    rows, _ = read_all(cfg, work=tmp_path / "_work" if staged else None)
+    reasons = [r[DROP] for r in rows]
+    assert reasons[:5] == [None, "caption_not_utf8", "caption_not_utf8", "url_not_utf8", None]
+    assert [r["txt"] for r in rows][:1] == ["a cat"] and rows[4]["txt"] == "kept"
+    assert json.loads(rows[4]["json"])["note"] == "x\ufffdy"
+    assert len(rows) == len(lines) and (not mixed or rows[5]["txt"] == "2019")
+
+
 def test_jsonl_that_is_broken_after_a_type_change_is_still_a_one_line_config_error(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_text(f'{{"url":"{U}","caption":"a"}}\n{{"url":"{U}","caption":2}}\n{{oops\n')
