@@ -14,6 +14,7 @@
   values as their JSON text. A partition parses only the columns it uses. Text that is not
   UTF-8 (bytes, or an escaped lone surrogate such as `"\ud800"`) makes its column binary, so the
   rows holding it can be dropped one by one (`caption_not_utf8`) instead of failing the file.
+  A line that is not a JSON object is a row of its own, marked in the BAD_ROW column.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ SPACE = np.array([32, 9, CR], np.uint8)  # JSON whitespace within a line
 JSON_SPACE = re.compile(r"[ \t\r\n]*")
 TEXT_TYPES = (pa.string(), pa.large_string())
 BINARY_TYPES = (pa.binary(), pa.large_binary())
+# jsonl: a column marking the rows whose line is not a JSON object (dropped as `bad_json_row`)
+BAD_ROW = "__mmcurate_bad_json_row__"
 log = logging.getLogger("mmcurate.sources")
 
 
@@ -258,18 +261,20 @@ def rows_table(rows: list[dict[str, Any]], schema: pa.Schema | None) -> pa.Table
 
 
 def json_rows(data: bytes) -> Iterator[dict[str, Any]]:
-    """The objects of a jsonl text, as pyarrow reads them: JSON whitespace between objects."""
+    """The objects of a jsonl text, as pyarrow reads them: JSON whitespace between objects.
+    Where no object can be read, the rest of that line is one row `{BAD_ROW: True}`, so one
+    broken line costs one row, not the list."""
     # bytes that are not UTF-8 stay in the strings as lone surrogates (text_array's to find)
     text, decoder = data.decode("utf-8", "surrogateescape"), pyjson.JSONDecoder()
     at = JSON_SPACE.match(text).end()
     while at < len(text):
         try:
             value, end = decoder.raw_decode(text, at)
-        except pyjson.JSONDecodeError as err:
-            raise pa.ArrowInvalid(f"JSON parse error: line {err.lineno}: {err.msg}") from None
+        except (pyjson.JSONDecodeError, RecursionError):  # RecursionError: [[[[... too deep
+            value, end = None, len(text)
         if not isinstance(value, dict):
-            line = text.count("\n", 0, at) + 1
-            raise pa.ArrowInvalid(f"JSON parse error: line {line}: not an object")
+            line_end = text.find("\n", at)
+            value, end = {BAD_ROW: True}, len(text) if line_end < 0 else line_end
         yield value
         at = JSON_SPACE.match(text, end).end()
 

@@ -32,6 +32,7 @@ from core.storage import filesystem, protocol_of, store_version, with_protocol, 
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
 from pipeline.source_ranges import (
+    BAD_ROW,
     binary_where_not_utf8,
     group_starts,
     groups_for,
@@ -110,17 +111,21 @@ def list_url_files(cfg: SourceConfig, storage_options: dict[str, Any]) -> tuple[
 
 def needed_columns(names: list[str], path: str, cfg: SourceConfig) -> list[str] | None:
     """The columns partitions read (file order): None for all; checks the configured ones."""
+    if names == [BAD_ROW]:
+        raise ConfigError(f"source.path: {path}: not a readable jsonl list (no line is a JSON object)")
+    names_shown = [name for name in names if name != BAD_ROW]
     for option, column in (("url_column", cfg.url_column), ("caption_column", cfg.caption_column)):
         if column not in names:
             raise ConfigError(
-                f"source.{option}: no column {column!r} in {path} (columns: {', '.join(names)})"
+                f"source.{option}: no column {column!r} in {path} "
+                f"(columns: {', '.join(names_shown)})"
             )
     if cfg.carry_columns is None:
         return None
     missing = [c for c in cfg.carry_columns if c not in names]
     if missing:
         raise ConfigError(f"source.carry_columns: no column {missing[0]!r} in {path}")
-    keep = {cfg.url_column, cfg.caption_column, *cfg.carry_columns}
+    keep = {cfg.url_column, cfg.caption_column, *cfg.carry_columns, BAD_ROW}
     return [name for name in names if name in keep]
 
 
@@ -291,6 +296,7 @@ def readable(value: Any) -> Any:
 
 def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict[str, Any]:
     key = f"{position:0{KEY_DIGITS}d}"
+    bad_line = row.pop(BAD_ROW, None)
     url, url_problem = as_text(row.pop(part["url_column"], None))
     caption, caption_problem = as_text(row.pop(part["caption_column"], None))
     for name in OWN_FIELDS:  # the list's own `key` (img2dataset's), `url`, `caption` columns
@@ -304,7 +310,7 @@ def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict
         "txt": caption,
         "json": json.dumps(meta, default=str, ensure_ascii=False, sort_keys=True),
     }
-    problem = "url_not_utf8" if url_problem else caption_problem
+    problem = "bad_json_row" if bad_line else "url_not_utf8" if url_problem else caption_problem
     if url is None and not problem:
         problem = "missing_url"
     if problem:

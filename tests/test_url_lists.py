@@ -104,13 +104,51 @@ def test_jsonl_text_that_is_not_utf8_drops_its_row_only(tmp_path, every, mixed, 
     assert len(rows) == len(lines) and (not mixed or rows[5]["txt"] == "2019")
 
 
-def test_jsonl_that_is_broken_after_a_type_change_is_still_a_one_line_config_error(tmp_path):
+BROKEN = [  # lines that are not one JSON object, each among good ones
+    b"{oops",
+    b'{"url": "%s", "caption": "two commas",, "n": 1}' % U.encode(),
+    b"[1, 2, 3]",
+    b'"just a string"',
+    b"[" * 100_000,  # deeper than Python's json can go
+    b'{"url": "%s", "caption": "cut short' % U.encode(),
+]
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 256])
+@pytest.mark.parametrize("mixed", [False, True], ids=["one-type", "type-change"])
+@pytest.mark.parametrize(
+    ("name", "staged"), [("a.jsonl", False), ("a.jsonl.gz", False), ("a.jsonl.gz", True)]
+)
+def test_a_broken_jsonl_line_is_a_dropped_row_not_a_failed_list(
+    tmp_path, every, mixed, name, staged
+):
+    """Bug: one line that was not a JSON object stopped the whole build (a config error at
+    planning). Now each such line is one row, dropped as `bad_json_row`; the keys of the rows
+    after it are their line numbers, as if the line had been good."""
+    lines = []
+    for i, broken in enumerate(BROKEN):
+        caption = 2019 if mixed and i == 2 else f"c{i}"
+        lines += [json.dumps({"url": U, "caption": caption, "n": i}).encode(), broken]
+    data = b"\n".join(lines) + b"\n"
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    cfg = SourceConfig(kind="urls", path=str(tmp_path / name), files_per_task=every)
+    rows, _ = read_all(cfg, work=tmp_path / "_work" if staged else None)
+    assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(len(lines))]
+    assert [r[DROP] for r in rows] == [None, "bad_json_row"] * len(BROKEN)
+    assert [r["txt"] for r in rows[::2]] == [
+        "2019" if mixed and i == 2 else f"c{i}" for i in range(len(BROKEN))
+    ]
+    assert all("__mmcurate" not in r["json"] for r in rows)
+
+
+def test_a_jsonl_list_with_no_object_at_all_is_a_one_line_config_error(tmp_path):
     path = tmp_path / "a.jsonl"
-    path.write_text(f'{{"url":"{U}","caption":"a"}}\n{{"url":"{U}","caption":2}}\n{{oops\n')
+    path.write_text("url,caption\nhttp://127.0.0.1:9/x.jpg,a cat\n")
     with pytest.raises(ConfigError) as err:
         plan_urls(SourceConfig(kind="urls", path=str(path)), {})
-    assert str(err.value).startswith(f"source.path: {path}: not a readable jsonl list (JSON parse")
-    assert "line 3" in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value) == (
+        f"source.path: {path}: not a readable jsonl list (no line is a JSON object)"
+    )
 
 
 @pytest.mark.parametrize(
