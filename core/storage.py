@@ -37,6 +37,29 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
+GLOB_CHARS = "*?["
+
+
+def is_glob(fs: Any, path: str) -> bool:
+    """Whether `path` is a pattern to expand: it has glob characters and names no existing file
+    or folder as written (`clips [2020]` is a folder, not a character class)."""
+    return any(c in path for c in GLOB_CHARS) and not fs.exists(path)
+
+
+def matching(fs: Any, path: str) -> list[str]:
+    """The paths `path` names: the glob's matches, sorted, or the path itself."""
+    return sorted(fs.glob(path)) if is_glob(fs, path) else [path]
+
+
+def cat_many(fs: Any, paths: list[str]) -> dict[str, bytes | Exception]:
+    """Whole files by their exact paths (an object store reads them concurrently); a file that
+    fails maps to its exception. Not `fs.cat(paths)`: that expands glob characters in the
+    names, so `photo[1].jpg` or anything in `clips [2020]/` was never read."""
+    if not paths:
+        return {}
+    return dict(zip(paths, fs.cat_ranges(paths, None, None, on_error="return"), strict=True))
+
+
 def is_local(fs: Any) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 

@@ -9,10 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from core.config_io import ConfigError, Strict, checked_resources, load_yaml, validate
-from core.storage import absolute
+from core.storage import GLOB_CHARS, absolute
 from stages.registry import validate_stage_list
 
-GLOB_CHARS = "*?["
 PROTOCOL_ALIASES = {"s3a": "s3", "gcs": "gs", "local": "file"}
 
 
@@ -28,15 +27,24 @@ def resolved_here(path: str) -> str:
 
 def location(url: str) -> tuple[str, str]:
     """(protocol, path) that a source or output names: a glob by the folder of its fixed
-    prefix, local paths with `~`, relative parts and symlinks resolved."""
+    prefix, local paths with `~`, relative parts and symlinks resolved. A local path that
+    exists as written is itself, glob characters or not (a folder `clips [2020]`)."""
     cuts = [url.find(c) for c in GLOB_CHARS if c in url]
-    if cuts:
+    if cuts and not os.path.exists(local_part(url)):
         url = url[: min(cuts)].rpartition("/")[0] or "/"
     protocol, _, rest = url.rpartition("://")
     protocol = PROTOCOL_ALIASES.get(protocol, protocol or "file")
     if protocol == "file":
         return protocol, os.path.realpath(os.path.expanduser(rest))
     return protocol, rest.strip("/")
+
+
+def local_part(url: str) -> str:
+    """The local path a `file://` or plain URL names ("" for other protocols)."""
+    protocol, _, rest = url.rpartition("://")
+    if PROTOCOL_ALIASES.get(protocol, protocol or "file") != "file":
+        return ""
+    return os.path.expanduser(rest)
 
 
 def overlaps(a: str, b: str) -> bool:

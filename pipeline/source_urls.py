@@ -28,7 +28,14 @@ import pyarrow.parquet as pq
 
 from core.config_io import ConfigError, one_line
 from core.pandas_probe import pandas_for_nanoseconds
-from core.storage import filesystem, protocol_of, store_version, with_protocol, with_retries
+from core.storage import (
+    filesystem,
+    matching,
+    protocol_of,
+    store_version,
+    with_protocol,
+    with_retries,
+)
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
 from pipeline.source_ranges import (
@@ -102,8 +109,7 @@ def csv_parse(fmt: str) -> pacsv.ParseOptions:
 
 def list_url_files(cfg: SourceConfig, storage_options: dict[str, Any]) -> tuple[Any, list[str]]:
     fs, pattern = filesystem(cfg.path, storage_options)
-    paths = sorted(fs.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
-    paths = [p for p in paths if fs.isfile(p)]
+    paths = [p for p in matching(fs, pattern) if fs.isfile(p)]
     if not paths:
         raise ConfigError(f"source.path: no URL list matches {cfg.path}")
     return fs, paths
@@ -112,7 +118,9 @@ def list_url_files(cfg: SourceConfig, storage_options: dict[str, Any]) -> tuple[
 def needed_columns(names: list[str], path: str, cfg: SourceConfig) -> list[str] | None:
     """The columns partitions read (file order): None for all; checks the configured ones."""
     if names == [BAD_ROW]:
-        raise ConfigError(f"source.path: {path}: not a readable jsonl list (no line is a JSON object)")
+        raise ConfigError(
+            f"source.path: {path}: not a readable jsonl list (no line is a JSON object)"
+        )
     names_shown = [name for name in names if name != BAD_ROW]
     for option, column in (("url_column", cfg.url_column), ("caption_column", cfg.caption_column)):
         if column not in names:

@@ -16,7 +16,7 @@ from typing import Any
 
 from core.config_io import ConfigError
 from core.pandas_probe import pandas_for_nanoseconds
-from core.storage import filesystem, protocol_of, store_version, with_protocol
+from core.storage import GLOB_CHARS, cat_many, filesystem, protocol_of, store_version, with_protocol
 from core.tario import safe_key
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
@@ -24,7 +24,6 @@ from pipeline.source_urls import FORMATS, read_table
 from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Columns
 
 VIDEO_EXTS = set(VIDEO_COLUMNS)
-GLOB_CHARS = "*?["
 
 
 def is_list_file(path: str) -> bool:
@@ -113,7 +112,7 @@ def read_video_list(part: dict[str, Any], storage_options: dict[str, Any]) -> Co
     for protocol, urls in by_protocol.items():
         fs, _ = filesystem(with_protocol(protocol, "/"), storage_options)
         paths = [filesystem(url, storage_options)[1] for url in urls]
-        fetched = fs.cat(paths, on_error="return")
+        fetched = cat_many(fs, paths)
         blobs.update({url: fetched.get(p) for url, p in zip(urls, paths, strict=True)})
     for index, row in enumerate(part["rows"]):
         append_sample(batch, video_row(row, blobs.get(row["url"]), part["part"], index))

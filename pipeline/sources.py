@@ -16,8 +16,11 @@ from typing import Any
 
 from core.config_io import ConfigError
 from core.storage import (
+    cat_many,
     filesystem,
     find_versions,
+    is_glob,
+    matching,
     protocol_of,
     transient_errors,
     with_protocol,
@@ -28,7 +31,6 @@ from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
 from pipeline.source_urls import plan_urls, read_urls
 from pipeline.source_videos import (
-    GLOB_CHARS,
     VIDEO_EXTS,
     disambiguate_keys,
     is_list_file,
@@ -97,7 +99,7 @@ def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Column
     wanted = [f"{root}/{e['rel']}" for e in part["entries"]]
     for ext in SIDECARS:
         wanted += [sidecar_path(root, e, ext) for e in part["entries"] if e.get(ext)]
-    blobs = fs.cat(wanted, on_error="return")
+    blobs = cat_many(fs, wanted)
     for path, value in blobs.items():  # a storage hiccup must not turn into read_error drops
         if isinstance(value, Exception) and not isinstance(value, FileNotFoundError):
             blobs[path] = read_or_error(fs, path)
@@ -161,8 +163,7 @@ def sidecar_meta(data: bytes, source: str) -> tuple[str, bool]:
 def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
     """One partition per tar matched by the glob (sorted, so order is deterministic)."""
     fs, pattern = filesystem(cfg.path, storage_options)
-    tars = sorted(fs.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
-    tars = [t for t in tars if fs.isfile(t)]
+    tars = [t for t in matching(fs, pattern) if fs.isfile(t)]
     if not tars:
         raise ConfigError(f"source.path: no tar files match {cfg.path}")
     protocol = protocol_of(cfg.path)
@@ -273,7 +274,7 @@ def plan_videos(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict
     or a list file of paths and captions (pipeline/source_videos.py)."""
     if is_list_file(cfg.path):
         return plan_video_list(cfg, storage_options)
-    if any(c in cfg.path for c in GLOB_CHARS):
+    if is_glob(*filesystem(cfg.path, storage_options)):
         return plan_video_glob(cfg, storage_options)
     return plan_images(cfg, storage_options, VIDEO_EXTS)
 
