@@ -60,6 +60,18 @@ def cat_many(fs: Any, paths: list[str]) -> dict[str, bytes | Exception]:
     return dict(zip(paths, fs.cat_ranges(paths, None, None, on_error="return"), strict=True))
 
 
+def files_in(fs: Any, folder: str) -> list[str]:
+    """Every file under `folder`, without the folder markers some stores list as entries
+    (SeaweedFS keeps an emptied folder and lists it as a file of its own name)."""
+    found = fs.find(folder, detail=True)
+    root = folder.rstrip("/")
+    return [
+        path
+        for path, info in found.items()
+        if info.get("type") != "directory" and path.rstrip("/") != root
+    ]
+
+
 def is_local(fs: Any) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 

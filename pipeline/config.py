@@ -25,6 +25,21 @@ def resolved_here(path: str) -> str:
     return absolute(path)
 
 
+def plain_output(path: str) -> str:
+    """An output path the build can list and delete in exactly: no glob characters (stores
+    and fsspec expand them when listing or deleting, which reached another build's files) and,
+    on object stores, no empty, `.` or `..` part (a store keeps them in the key or refuses
+    them, and SeaweedFS folds `a//b` into `a/b`, so the output's own listing came back empty)."""
+    if any(c in path for c in GLOB_CHARS):
+        raise ValueError("must not hold glob characters (*, ?, [)")
+    protocol, _, rest = path.rpartition("://")
+    if PROTOCOL_ALIASES.get(protocol, protocol or "file") != "file":
+        parts = rest.rstrip("/").split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"{path}: an empty, '.' or '..' part in an object store path")
+    return path
+
+
 def location(url: str) -> tuple[str, str]:
     """(protocol, path) that a source or output names: a glob by the folder of its fixed
     prefix, local paths with `~`, relative parts and symlinks resolved. A local path that
@@ -87,6 +102,7 @@ class OutputConfig(Strict):
     )
 
     _resolve = field_validator("path")(resolved_here)
+    _plain = field_validator("path")(plain_output)
 
 
 class RayConfig(Strict):

@@ -21,7 +21,14 @@ from typing import Any
 from core.config_io import ConfigError
 from core.formats import MANIFEST_FORMAT
 from core.redaction import redact
-from core.storage import filesystem, join, remove_tree, with_retries, write_bytes_atomic
+from core.storage import (
+    files_in,
+    filesystem,
+    join,
+    remove_tree,
+    with_retries,
+    write_bytes_atomic,
+)
 from pipeline.config import BuildConfig
 from pipeline.embeddings import EMBEDDING_COLUMNS, ROWS_PER_FILE
 from pipeline.signatures import signatures_file
@@ -221,7 +228,7 @@ def inspect_output(fs: Any, out: str, url: str) -> OutputState:
             state.files.add(name)
             state.sizes[name] = entry.get("size") or 0
     for folder in sorted(state.folders & {"signatures", "embeddings"}):
-        state.files |= {relative(p, out) for p in fs.find(join(out, folder))}
+        state.files |= {relative(p, out) for p in files_in(fs, join(out, folder))}
     if MANIFEST in state.files:
         value = read_json(fs, join(out, MANIFEST), state.sizes[MANIFEST])
         state.manifest = ours_manifest(value)
@@ -249,9 +256,13 @@ def claim_output(cfg: BuildConfig, identity: str) -> None:
         raise ConfigError(f"output.path: {cfg.output.path} {what}; pass --overwrite")
     if state.manifest is None and state.previous == identity and not overwrite:
         return  # an interrupted build of this very config and input: resume it
-    if state.manifest is not None or state.marker is not None:
-        clear_build(fs, out, state)
-    write_marker(fs, out, identity, [])
+    try:
+        if state.manifest is not None or state.marker is not None:
+            clear_build(fs, out, state)
+        write_marker(fs, out, identity, [])
+    except (PermissionError, FileNotFoundError, NotADirectoryError) as err:
+        # a read-only folder, a dangling link: the first write says so, in one line
+        raise ConfigError(f"output.path: {cfg.output.path}: cannot write there ({err})") from None
 
 
 def refuse_foreign(state: OutputState, allowed: bool) -> None:
@@ -289,7 +300,7 @@ def clear_build(fs: Any, out: str, state: OutputState) -> None:
     clear_work(fs, out)
     for folder in ("embeddings", "signatures"):
         path = join(out, folder)
-        if folder in state.folders and not fs.find(path):
+        if folder in state.folders and not files_in(fs, path):
             remove_tree(fs, path)  # empty now; on object stores, its folder markers too
 
 
