@@ -5,6 +5,8 @@ video_frames so frames are sampled per clip). Clip keys are `<key>_0000`, `<key>
 each clip keeps its caption and gets `clip_start`/`clip_end` (seconds in the source) and
 `source_key` in its JSON, and the `__parent__` column (the source key) in the signatures, so
 stats count videos in and clips out. A clip that is the whole video keeps the source bytes.
+A clip holds only its own video: other video columns of the source (a second encoding, say
+a webm next to the mp4) and frames sampled from the whole source are left out of it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from core.formats import FRAME_COLUMN
 from stages.base import (
     DROP,
     DROP_STAGE,
@@ -28,10 +31,9 @@ from stages.base import (
 )
 from stages.lib.isolation import Isolated
 from stages.lib.video_split import split_video
-from stages.video_frames import isolated_decode
+from stages.video_frames import PARENT, isolated_decode
 
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
-PARENT = "__parent__"
 
 
 class ClipSplitOptions(StageOptions):
@@ -78,11 +80,14 @@ class ClipSplit(Stage):
         if not clips:
             return [dropped(sample, reason or "no_clips", self.label)]
         key, meta = sample["__key__"], sample_meta(sample.get("json"))
+        # other videos and any frames sampled before the cut are the whole source's, not a clip's
+        others = {c: None for c in sample if c in VIDEO_COLUMNS or FRAME_COLUMN.match(c)}
         out = []
         for i, clip in enumerate(clips):
             extra = {"clip_start": clip["start"], "clip_end": clip["end"], "source_key": key}
             out.append(
                 sample
+                | others
                 | {
                     "__key__": f"{key}_{i:04d}",
                     "__index__": sample["__index__"] + i,

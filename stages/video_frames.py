@@ -2,7 +2,8 @@
 
 Adds frames as `000.jpg`, `001.jpg`, ... (members `<key>.000.jpg`, ...), and to `<key>.json`:
 `clip_start`/`clip_end` seconds, `frame_indices`, `frame_timestamps` (seconds), `fps`,
-`frame_count`, `width`, `height` and the `decoder` used. Decoding runs in a child process per
+`frame_count`, `width`, `height` (upright, as displayed) and the `decoder` used. Frames of an
+earlier pass are replaced, not mixed in. Decoding runs in a child process per
 worker with a time limit per video, so a file that hangs or crashes the decoder costs only
 itself: `decode_timeout` / `decode_error`.
 """
@@ -10,11 +11,13 @@ itself: `decode_timeout` / `decode_error`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from pydantic import Field
 
+from core.formats import FRAME_COLUMN
 from stages.base import (
     VIDEO_COLUMNS,
     Columns,
@@ -27,6 +30,8 @@ from stages.base import (
 )
 from stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from stages.lib.video_decode import sample_video
+
+PARENT = "__parent__"  # the source key of a clip cut by clip_split (None: not a clip)
 
 
 class VideoFramesOptions(StageOptions):
@@ -61,16 +66,40 @@ class VideoFrames(Stage):
             result, reasons[row] = self.decode(batch[col][row], opts)
             if result is None:
                 continue
-            for i, frame in enumerate(result.pop("frames")):
-                batch.setdefault(frame_column(i), [None] * size)[row] = frame
-            metas[row] = merge_meta(metas[row], result)
+            put_frames(batch, row, result.pop("frames"))
+            metas[row] = merge_meta(metas[row], result, clip_offset(batch, row, metas[row]))
             if not self.options.keep_video:
-                batch[col][row] = None
+                clear_columns(batch, row, VIDEO_COLUMNS)
         batch["json"] = metas
         return batch, reasons
 
     def decode(self, data: bytes, opts: dict) -> tuple[dict | None, str | None]:
         return isolated_decode(self.decoder, sample_video, (data, opts), self.options.timeout_s)
+
+
+def put_frames(batch: Columns, row: int, frames: list[bytes]) -> None:
+    """The row's frames, replacing all of an earlier pass (which may have had more)."""
+    clear_columns(batch, row, [c for c in batch if FRAME_COLUMN.match(c)])
+    for i, frame in enumerate(frames):
+        batch.setdefault(frame_column(i), [None] * len(batch["__key__"]))[row] = frame
+
+
+def clear_columns(batch: Columns, row: int, columns: Iterable[str]) -> None:
+    for col in columns:
+        if batch.get(col) is not None:
+            batch[col][row] = None
+
+
+def clip_offset(batch: Columns, row: int, text: str | None) -> float:
+    """Seconds to add to frame times: `clip_start` of a clip that clip_split cut (its rows have
+    a parent), which is always a number it wrote. A user's own `clip_start` (a string such as
+    "00:00:05.000", null, or a number about a video that was never cut here) is not used."""
+    parents = batch.get(PARENT)
+    if parents is None or parents[row] is None:
+        return 0.0
+    start = sample_meta(text).get("clip_start")
+    real = isinstance(start, (int, float)) and not isinstance(start, bool)
+    return float(start) if real and math.isfinite(start) else 0.0
 
 
 def isolated_decode(
@@ -91,12 +120,12 @@ def isolated_decode(
 FAILURE_REASONS = {"NoVideoStream": "no_video_stream", "NoFrames": "no_frames"}
 
 
-def merge_meta(text: str | None, result: dict) -> str:
+def merge_meta(text: str | None, result: dict, offset: float = 0.0) -> str:
     """Frame facts into the JSON. For a clip cut by clip_split, `clip_start`/`clip_end` are
-    already there and `frame_timestamps` are turned into seconds of the source video."""
+    already there and `offset` (its `clip_start`) turns `frame_timestamps` into seconds of the
+    source video. A `clip_start` already in the JSON is left as it is."""
     meta = sample_meta(text)
     fps, count = result["fps"], result["frame_count"]
-    offset = meta.get("clip_start", 0.0)
     meta.setdefault("clip_start", 0.0)
     meta.setdefault("clip_end", round(count / fps, 4) if fps else None)
     meta.update(

@@ -4,19 +4,21 @@ Boundaries: `fixed` windows of `window_s` every `stride_s`; or `scenes`: hard cu
 mean absolute difference of consecutive analysed frames (grey, 32x32, `analysis_fps` frames a
 second) exceeds `threshold` (0-255). Clips shorter than `min_clip_s` are left out. A clip that
 is the whole video keeps the source bytes; any other is re-encoded with PyAV (H.264 in mp4,
-same size and frame rate, video only).
+same size and frame rate, video only, upright). Times are the frames' own timestamps, so a
+variable-frame-rate video is cut where its frames are shown.
 """
 
 from __future__ import annotations
 
 import io
+import math
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import av
 import numpy as np
 
-from stages.lib.video_decode import NoFrames, NoVideoStream
+from stages.lib.video_decode import NoFrames, NoVideoStream, upright
 
 
 def fixed_bounds(duration: float, window: float, stride: float) -> list[tuple[float, float]]:
@@ -41,25 +43,56 @@ def scene_cuts(frames: list[np.ndarray], times: list[float], threshold: float) -
     return cuts
 
 
-def scan(data: bytes, analysis_fps: float | None) -> tuple[int, float, tuple[int, int], list]:
-    """Pass 1, streaming: frame count, frame rate, size, and (for scene cuts) small grey
-    copies of `analysis_fps` frames a second with their times."""
+class Scan(NamedTuple):
+    count: int
+    fps: float  # average
+    size: tuple[int, int]  # coded width, height
+    rotation: int  # display rotation, degrees counterclockwise
+    times: np.ndarray  # each frame's time in seconds, ascending
+    small: list[tuple[float, np.ndarray]]  # (time, grey 32x32) of the analysed frames
+
+
+def scan(data: bytes, analysis_fps: float | None) -> Scan:
+    """Pass 1, streaming: frame count, times, size, and (for scene cuts) small grey copies of
+    frames `analysis_fps` a second, chosen by their timestamps (variable frame rates too)."""
     with av.open(io.BytesIO(data)) as box:
         if not box.streams.video:
             raise NoVideoStream("no video stream")
         stream = box.streams.video[0]
         stream.codec_context.thread_count = 1
         fps = float(stream.average_rate or 25)
-        step = max(1, round(fps / analysis_fps)) if analysis_fps else 0
-        count, size, small = 0, (0, 0), []
+        times: list[float] = []
+        size, rotation, small, due, origin = (0, 0), 0, [], -math.inf, 0.0
         for frame in box.decode(stream):
-            size = (frame.width, frame.height)
-            if step and count % step == 0:
-                small.append((count / fps, grey_small(frame.to_ndarray(format="rgb24"))))
-            count += 1
-    if count == 0:
+            size, t = (frame.width, frame.height), frame_time(frame, len(times), fps)
+            if not times:  # a negative first time (B-frame delay) counts as 0
+                rotation, origin = int(round(getattr(frame, "rotation", 0) or 0)), min(t, 0.0)
+            t -= origin
+            if analysis_fps and t + 0.5 / fps >= due:  # half a frame early is on time
+                small.append((t, grey_small(frame.to_ndarray(format="rgb24"))))
+                due = (math.floor((t + 0.5 / fps) * analysis_fps) + 1) / analysis_fps
+            times.append(t)
+    if not times:
         raise NoFrames("no frames")
-    return count, fps, size, small
+    stamps = np.maximum.accumulate(np.asarray(times, dtype=np.float64))
+    return Scan(len(times), fps, size, rotation % 360, stamps, small)
+
+
+def frame_time(frame: Any, number: int, fps: float) -> float:
+    return float(frame.time) if frame.time is not None else number / fps
+
+
+def end_time(times: np.ndarray, fps: float) -> float:
+    """When the last frame ends: its time plus the step before it, and never before
+    frames / average fps (millisecond timestamps, as in webm, make that last step short)."""
+    step = float(times[-1] - times[-2]) if len(times) > 1 else 0.0
+    return max(len(times) / fps, float(times[-1]) + max(step, 0.0))
+
+
+def frame_span(times: np.ndarray, start: float, end: float) -> tuple[int, int]:
+    """Numbers of the frames shown from `start` to `end` seconds, as a half-open range."""
+    first, stop = np.searchsorted(times, [start - 1e-6, end - 1e-6])
+    return int(first), int(stop)
 
 
 def grey_small(pixels: np.ndarray) -> np.ndarray:
@@ -71,19 +104,20 @@ def grey_small(pixels: np.ndarray) -> np.ndarray:
 def split_video(data: bytes, opts: dict[str, Any]) -> list[dict[str, Any]]:
     """[{start, end, data (None: the whole source)}] for the clips of one video."""
     scenes = opts["mode"] == "scenes"
-    count, fps, size, small = scan(data, opts["analysis_fps"] if scenes else None)
-    duration = count / fps
+    found = scan(data, opts["analysis_fps"] if scenes else None)
+    duration = end_time(found.times, found.fps)
     if scenes:
+        small = found.small
         cuts = scene_cuts([g for _, g in small], [t for t, _ in small], opts["threshold"])
         bounds = scene_bounds(cuts, duration)
     else:
         bounds = fixed_bounds(duration, opts["window_s"], opts["stride_s"] or opts["window_s"])
     bounds = [(a, b) for a, b in bounds if b - a >= opts["min_clip_s"] - 1e-9]
     bounds = bounds[: opts["max_clips"]] if opts.get("max_clips") else bounds
-    spans = [(round(a * fps), min(count, round(b * fps))) for a, b in bounds]
+    spans = [frame_span(found.times, a, b) for a, b in bounds]
     kept = [(bound, span) for bound, span in zip(bounds, spans, strict=True) if span[1] > span[0]]
-    whole = (0, count)
-    encoded = encode_clips(data, [span for _, span in kept], fps, size, skip=whole)
+    whole = (0, found.count)
+    encoded = encode_clips(data, [span for _, span in kept], found, skip=whole)
     return [
         {"start": a, "end": b, "data": None if span == whole else encoded[span]}
         for (a, b), span in kept
@@ -92,7 +126,7 @@ def split_video(data: bytes, opts: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def encode_clips(
-    data: bytes, spans: list[tuple[int, int]], fps: float, size: tuple[int, int], skip: tuple
+    data: bytes, spans: list[tuple[int, int]], found: Scan, skip: tuple
 ) -> dict[tuple[int, int], bytes]:
     """Pass 2, streaming: every frame goes to the encoders of the clips that contain it, so
     memory holds encoders, not frames. The span `skip` (the whole video) is not re-encoded."""
@@ -107,7 +141,9 @@ def encode_clips(
         for number, frame in enumerate(box.decode(stream)):
             for span in todo:
                 if span[0] <= number < span[1]:
-                    writers.setdefault(span, ClipWriter(fps, size)).add(frame)
+                    if span not in writers:
+                        writers[span] = ClipWriter(found.fps, found.size, found.rotation)
+                    writers[span].add(frame)
                     if number == span[1] - 1:
                         done[span] = writers.pop(span).close()
             if number >= todo[-1][1] and not writers:
@@ -118,20 +154,24 @@ def encode_clips(
 
 
 class ClipWriter:
-    """An H.264 mp4 encoder in memory, at the source's frame rate; yuv420p needs even sides,
-    so an odd last row or column is cropped off."""
+    """An H.264 mp4 encoder in memory, at the source's frame rate. Frames are stored upright
+    (the source's display rotation applied; the clip has none). yuv420p needs even sides: an
+    odd last row or column is cropped off, and a side of 1 pixel is doubled to 2."""
 
-    def __init__(self, fps: float, size: tuple[int, int]) -> None:
+    def __init__(self, fps: float, size: tuple[int, int], rotation: int = 0) -> None:
         self.out = io.BytesIO()
         self.box = av.open(self.out, "w", format="mp4")
         self.stream = self.box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-        self.width, self.height = size[0] - size[0] % 2, size[1] - size[1] % 2
+        self.rotation = rotation
+        width, height = size[::-1] if rotation % 180 == 90 else size
+        self.width, self.height = even_side(width), even_side(height)
         self.stream.width, self.stream.height = self.width, self.height
         self.stream.pix_fmt = "yuv420p"
         self.stream.options = {"preset": "veryfast", "crf": "18"}
 
     def add(self, frame: Any) -> None:
-        pixels = frame.to_ndarray(format="rgb24")[: self.height, : self.width]
+        pixels = upright(frame.to_ndarray(format="rgb24"), self.rotation)
+        pixels = fit(pixels, self.height, self.width)
         image = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")
         for packet in self.stream.encode(image):
             self.box.mux(packet)
@@ -141,3 +181,14 @@ class ClipWriter:
             self.box.mux(packet)
         self.box.close()
         return self.out.getvalue()
+
+
+def even_side(side: int) -> int:
+    return max(2, side - side % 2)
+
+
+def fit(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Crop to height x width, repeating the edge where the frame is smaller (1-pixel sides)."""
+    pixels = pixels[:height, :width]
+    pad = ((0, height - pixels.shape[0]), (0, width - pixels.shape[1]), (0, 0))
+    return np.pad(pixels, pad, mode="edge") if pad[0][1] or pad[1][1] else pixels
