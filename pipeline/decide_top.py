@@ -12,7 +12,6 @@ sorts NaN last), -0.0 equals 0.0.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,7 +20,7 @@ import pyarrow.compute as pc
 
 from pipeline.groups import Groups
 from pipeline.rounds import apply_round, live_table, write_decisions
-from stages.lib.decisions import TopFraction
+from stages.lib.decisions import TopFraction, top_count
 
 if TYPE_CHECKING:
     from core.mapreduce import Runner
@@ -44,7 +43,7 @@ def top_round(
     calls = [(groups, names[0], g, plan.column, None) for g in range(groups.count)]
     high = np.sum(runner.run(code_histogram, calls), axis=0)
     total = int(high.sum())
-    keep = math.ceil(plan.fraction * total - 1e-9)
+    keep = top_count(plan.fraction, total)
     if keep >= total:
         apply_round(groups, names, label, [], runner)
         return

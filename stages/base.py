@@ -55,6 +55,7 @@ class Stage:
     expands: ClassVar[bool] = False  # turns one sample into several (clip_split)
     uses_model_pool: ClassVar[bool] = False  # a ModelStage: its model may run in actors
     produces: ClassVar[frozenset[str]] = frozenset()  # columns later stages may reuse
+    consumes: frozenset[str] = frozenset()  # columns it reads that another stage may write
     decide_columns: ClassVar[tuple[str, ...] | None] = None  # what decide() reads (None: all)
 
     def __init__(self, options: StageOptions | None = None, index: int = 0) -> None:
@@ -65,6 +66,10 @@ class Stage:
 
     def check(self) -> None:
         """Fail fast, before any data is read (e.g. a model that cannot load): ConfigError."""
+
+    def provides(self, column: str) -> bool:
+        """Whether this stage writes `column` for the stages after it."""
+        return column in self.produces
 
     def setup(self) -> None:
         """Load heavy state (models) once per worker; called lazily before the first batch."""

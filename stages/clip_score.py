@@ -17,7 +17,6 @@ no image goes through the model twice.
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Protocol
 
@@ -37,7 +36,7 @@ from stages.base import (
     sample_meta,
 )
 from stages.lib.clip_model import ClipModel, cached_model, check_model
-from stages.lib.decisions import TopFraction
+from stages.lib.decisions import TopFraction, top_count
 from stages.lib.dedupe_common import Decisions, live_rows
 from stages.lib.text_prompts import ConceptOptions, concept_probability, prompt_sets
 
@@ -80,6 +79,10 @@ class ClipScore(ModelStage):
 
     def check(self) -> None:
         check_model(self.options.model, self.options.pretrained, f"stages.{self.index}")
+
+    def provides(self, column: str) -> bool:
+        concepts = {f"concept_{name}" for name in self.options.concepts}
+        return column in self.produces or column in concepts
 
     def local_model(self) -> ClipModel:
         opts = self.options
@@ -237,7 +240,7 @@ def encode_texts(encoder: Encoder, texts: list[str]) -> np.ndarray:
 
 def top_fraction_decisions(live: pa.Table, fraction: float) -> Decisions:
     """Keep exactly ceil(fraction x N): highest score first, then smallest key."""
-    keep = math.ceil(fraction * live.num_rows - 1e-9)
+    keep = top_count(fraction, live.num_rows)
     order = pc.sort_indices(
         live.select(["clip_score", "__key__"]),
         sort_keys=[("clip_score", "descending"), ("__key__", "ascending")],

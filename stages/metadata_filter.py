@@ -99,6 +99,10 @@ class MetadataFilter(Stage):
     name = "metadata_filter"
     Options = MetadataFilterOptions
 
+    @property
+    def consumes(self) -> frozenset[str]:
+        return frozenset(parse_condition(text).field for text in self.options.where)
+
     def setup(self) -> None:
         self.conditions = [parse_condition(text) for text in self.options.where]
 

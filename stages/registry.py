@@ -67,17 +67,46 @@ def build_stage(spec: dict[str, Any], index: int = 0) -> Stage:
 
 def validate_stage_list(specs: list[dict[str, Any]]) -> None:
     """Raise ConfigError for the first invalid stage or a repeated global stage."""
-    seen: set[str] = set()
+    seen: dict[str, Stage] = {}
     for index, spec in enumerate(specs):
         stage = build_stage(spec, index)
         if stage.is_global and stage.name in seen:
             raise ConfigError(f"stages.{index}.name: {stage.name!r} appears twice")
-        seen.add(stage.name)
+        seen.setdefault(stage.name, stage)
+    check_embedding_models(seen.get("semantic_dedupe"), seen.get("clip_score"))
+
+
+def check_embedding_models(semantic: Stage | None, clip: Stage | None) -> None:
+    """semantic_dedupe listed before clip_score embeds with its own model, and clip_score then
+    writes its embeddings over those (the column they share): with two different models the
+    dedupe would silently run on clip_score's. Refused; with one model nothing differs."""
+    if semantic is None or clip is None or semantic.index > clip.index:
+        return
+    ours, theirs = semantic.options, clip.options
+    if (ours.model, ours.pretrained) != (theirs.model, theirs.pretrained):
+        raise ConfigError(
+            f"stages.{semantic.index}: semantic_dedupe before clip_score with another model "
+            f"({ours.model} {ours.pretrained} vs {theirs.model} {theirs.pretrained}): "
+            "clip_score's embeddings would replace its own; list clip_score first "
+            "(semantic_dedupe then reuses its embeddings) or give both the same model"
+        )
 
 
 def stage_order(stages: list[Stage]) -> list[Stage]:
-    """Execution order: per-sample work in config order, then global decisions."""
-    return [s for s in stages if not s.is_global] + [s for s in stages if s.is_global]
+    """Execution order of the per-sample work (global decisions come later, on signatures):
+    per-sample stages in config order, then the global stages' own per-sample work (scores,
+    hashes, embeddings), then the per-sample stages that read a column a global stage listed
+    before them writes (`metadata_filter` on `clip_score` or `concept_*`): before, those ran
+    first, found the column missing, and dropped every sample."""
+    globals_ = [s for s in stages if s.is_global]
+
+    def waits(stage: Stage) -> bool:
+        earlier = [g for g in globals_ if g.index < stage.index]
+        return any(g.provides(column) for g in earlier for column in stage.consumes)
+
+    late = [s for s in stages if not s.is_global and waits(s)]
+    early = [s for s in stages if not s.is_global and s not in late]
+    return early + globals_ + late
 
 
 def build_stages(specs: list[dict[str, Any]]) -> list[Stage]:

@@ -12,6 +12,7 @@ A stage's `decide_plan()` returns one of these, or None: then the build gathers 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -35,6 +36,13 @@ class TopFraction:
     column: str
     fraction: float
     reason: str
+
+
+def top_count(fraction: float, total: int) -> int:
+    """ceil(fraction x total), where a product a float rounding put a hair above a whole
+    number (0.3 x 10 = 3.0000000000000004) counts as that number. The margin is relative: an
+    absolute one (- 1e-9) took a tiny product (1e-9 x 1) to 0 and kept no sample at all."""
+    return math.ceil(fraction * total * (1 - 1e-12))
 
 
 def split_by(block: pa.Table, route: np.ndarray, partitions: int) -> list[pa.Table]:
