@@ -2,6 +2,7 @@
 
 import json
 import os
+import threading
 
 from core.tario import safe_key
 from pipeline.config import BuildConfig, SourceConfig
@@ -136,3 +137,31 @@ def test_cls_labels_are_carried_and_memberless_samples_are_counted(tmp_path):
         "a": "no_members",
         "s2": None,
     }
+
+
+def test_fifos_and_devices_in_an_image_folder_are_not_read(image_folder):
+    """Bug: the listing kept every name, so a FIFO caption (c.txt) hung the build and a link
+    to /dev/zero read until memory ran out. Only regular files (or links to them) are inputs;
+    dangling links stay listed, and are read errors."""
+    folder = image_folder(n=3)
+    first, second, third = sorted(p.stem for p in folder.glob("*.jpg"))
+    for caption in (folder / f"{first}.txt", folder / f"{second}.txt"):
+        caption.unlink()
+    os.mkfifo(folder / f"{first}.txt")
+    os.mkfifo(folder / "fifo.jpg")
+    (folder / f"{second}.txt").symlink_to("/dev/zero")
+    (folder / "null.jpg").symlink_to("/dev/null")
+    (folder / "gone.jpg").symlink_to(folder / "missing.jpg")
+    result: dict = {}
+    reader = threading.Thread(target=lambda: result.update(folder_rows(folder)), daemon=True)
+    reader.start()
+    reader.join(120)  # a guard only: before the fix the read never ended
+    assert not reader.is_alive(), "reading the folder hung"
+    assert sorted(result) == sorted([first, second, third, "gone"])
+    assert {k: r[DROP] for k, r in result.items()} == {
+        first: None,
+        second: None,
+        third: None,
+        "gone": "read_error",
+    }
+    assert result[first]["txt"] is None and result[second]["txt"] is None
