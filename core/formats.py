@@ -4,6 +4,7 @@ the per-sample json, the build manifest's format tag, and the training checkpoin
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -30,6 +31,27 @@ def is_media_column(column: str) -> bool:
 def is_member_column(column: str) -> bool:
     """Columns written as `<key>.<column>` tar members."""
     return column in MEMBER_COLUMNS or bool(FRAME_COLUMN.match(column))
+
+
+def meta_json(meta: Any, **options: Any) -> str:
+    """json.dumps for what goes into a sample's `.json` (and other JSON we write): never the
+    NaN or Infinity that Python writes and no JSON reader accepts (JavaScript's JSON.parse,
+    jq, Go); a non-finite float becomes null. `1e400` in a sidecar reads as infinity."""
+    try:
+        return json.dumps(meta, allow_nan=False, **options)
+    except ValueError:
+        return json.dumps(finite(meta), allow_nan=False, **options)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every float that is NaN or infinite, at any depth, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
 
 
 def sample_meta(text: str | bytes | None) -> dict[str, Any]:

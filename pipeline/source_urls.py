@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import logging
 import zlib
 from collections.abc import Callable
@@ -27,6 +26,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from core.config_io import ConfigError, one_line
+from core.formats import meta_json
 from core.pandas_probe import pandas_for_nanoseconds
 from core.storage import (
     filesystem,
@@ -316,7 +316,7 @@ def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict
         "__key__": key,
         "url": url,
         "txt": caption,
-        "json": json.dumps(meta, default=str, ensure_ascii=False, sort_keys=True),
+        "json": meta_json(meta, default=str, ensure_ascii=False, sort_keys=True),
     }
     problem = "bad_json_row" if bad_line else "url_not_utf8" if url_problem else caption_problem
     if url is None and not problem:

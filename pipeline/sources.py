@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from core.config_io import ConfigError
+from core.formats import meta_json
 from core.storage import (
     cat_many,
     filesystem,
@@ -154,7 +155,7 @@ def sidecar_meta(data: bytes, source: str) -> tuple[str, bool]:
         return json.dumps({"source": source}), False
     meta = json.loads(text)
     meta.setdefault("source", source)
-    return json.dumps(meta, ensure_ascii=False, sort_keys=True), True
+    return meta_json(meta, ensure_ascii=False, sort_keys=True), True
 
 
 # ---- webdataset: tar shards, local or remote ------------------------------------------------
@@ -252,21 +253,22 @@ def member_meta(data: bytes | None, member_key: str, key: str) -> tuple[str | No
     """(json text, usable): a `.json` member must be UTF-8 JSON holding an object, with no
     lone surrogate escapes (they cannot be written back as UTF-8). When the key had to change
     (dots, slashes, non-ASCII, too long), the tar's own key is kept as `source_member`."""
-    text, meta = None, {}
+    text, meta, constants = None, {}, []
     if data is not None:
         try:
             text = data.decode("utf-8-sig")
-            meta = json.loads(text)
+            # NaN / Infinity: Python's json reads them, no other reader does: written as null
+            meta = json.loads(text, parse_constant=lambda name: constants.append(name))
             if b"\\u" in data:  # escapes: check the value can be written out again
                 json.dumps(meta, ensure_ascii=False).encode("utf-8")
         except (ValueError, RecursionError):  # UnicodeError is a ValueError
             return None, False
         if not isinstance(meta, dict):
             return None, False
-    if key == member_key:
+    if key == member_key and not constants:
         return text, True
     meta.setdefault("source_member", text_name(member_key))
-    return json.dumps(meta, ensure_ascii=False, sort_keys=True), True
+    return meta_json(meta, ensure_ascii=False, sort_keys=True), True
 
 
 def plan_videos(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ no image goes through the model twice.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Protocol
 
@@ -25,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
+from core.formats import meta_json
 from core.mapreduce import Runner
 from stages.base import (
     FRAME_COLUMN,
@@ -229,7 +229,7 @@ def with_score(text: str | None, score: float) -> str:
 def with_fields(text: str | None, fields: dict) -> str:
     meta = sample_meta(text)
     meta.update(fields)
-    return json.dumps(meta, sort_keys=True, ensure_ascii=False)
+    return meta_json(meta, sort_keys=True, ensure_ascii=False)
 
 
 def encode_texts(encoder: Encoder, texts: list[str]) -> np.ndarray:

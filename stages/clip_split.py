@@ -11,13 +11,12 @@ a webm next to the mp4) and frames sampled from the whole source are left out of
 
 from __future__ import annotations
 
-import json
 import time
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from core.formats import FRAME_COLUMN
+from core.formats import FRAME_COLUMN, meta_json
 from stages.base import (
     DROP,
     DROP_STAGE,
@@ -93,7 +92,7 @@ class ClipSplit(Stage):
                     "__index__": sample["__index__"] + i,
                     PARENT: key,
                     col: clip["data"] if clip["data"] is not None else sample[col],
-                    "json": json.dumps(meta | extra, sort_keys=True),
+                    "json": meta_json(meta | extra, sort_keys=True),
                 }
             )
         return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -11,6 +10,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import Field
 
+from core.formats import meta_json
 from stages.base import (
     IMAGE_COLUMNS,
     Columns,
@@ -229,4 +229,4 @@ def merge_json(text: str | None, extra: dict) -> str:
     for name, value in extra.items():
         if not (name.startswith("original_") and name in meta):
             meta[name] = value
-    return json.dumps(meta, sort_keys=True, ensure_ascii=False)
+    return meta_json(meta, sort_keys=True, ensure_ascii=False)

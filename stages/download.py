@@ -9,13 +9,13 @@ Failures are drop reasons: `http_404`, `http_500` (after retries), `timeout`, `t
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import Field
 
+from core.formats import meta_json
 from stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, register, sample_meta
 from stages.lib.http_fetch import Connections, Fetched, FetchPolicy, fetch
 
@@ -97,4 +97,4 @@ def add_status(meta: str | bytes | None, result: Fetched | None) -> str:
         )
         if result.data is not None:  # of the downloaded bytes, as img2dataset's compute_hash
             fields["sha256"] = hashlib.sha256(result.data).hexdigest()
-    return json.dumps(fields, sort_keys=True, ensure_ascii=False)
+    return meta_json(fields, sort_keys=True, ensure_ascii=False)

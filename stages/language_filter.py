@@ -13,6 +13,7 @@ import json
 
 from pydantic import Field, field_validator
 
+from core.formats import meta_json
 from stages.base import Columns, Stage, StageOptions, register, sample_meta
 from stages.lib.text_language import shared_detector, unknown_codes
 
@@ -76,4 +77,4 @@ def with_language(text: str | None, language: str, confidence: float) -> str:
     meta = sample_meta(text)
     meta["language"] = language
     meta["language_confidence"] = confidence
-    return json.dumps(meta, sort_keys=True, ensure_ascii=False)
+    return meta_json(meta, sort_keys=True, ensure_ascii=False)

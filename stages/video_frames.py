@@ -10,14 +10,13 @@ itself: `decode_timeout` / `decode_error`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from pydantic import Field
 
-from core.formats import FRAME_COLUMN
+from core.formats import FRAME_COLUMN, meta_json
 from stages.base import (
     VIDEO_COLUMNS,
     Columns,
@@ -139,4 +138,4 @@ def merge_meta(text: str | None, result: dict, offset: float = 0.0) -> str:
             "decoder": result["decoder"],
         }
     )
-    return json.dumps(meta, sort_keys=True)
+    return meta_json(meta, sort_keys=True)
