@@ -10,7 +10,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.samples import SOURCE
 from stages.base import DROP, DROP_STAGE, Stage
+from stages.clip_split import CLIP_SLOTS
 from stages.registry import stage_order
 
 
@@ -18,21 +20,54 @@ def count_rows(table: pa.Table, timing: dict[str, str]) -> dict[str, Any]:
     """One group's share of the stats (a task body's result): rows, kept, drops by (stage,
     reason), split videos, and worker seconds per stage label (`timing`: label -> column)."""
     drops = Counter(zip(table[DROP_STAGE].to_pylist(), table[DROP].to_pylist(), strict=True))
-    parents = []
-    if "__parent__" in table.column_names:
-        parents = [p for p in table["__parent__"].to_pylist() if p is not None]
+    split = split_counts(table) if "__parent__" in table.column_names else None
+    rows, clips, parents = table.num_rows, 0, 0
+    if split is not None:
+        drops -= split["clip_drops"]
+        drops += split["video_drops"]
+        rows -= sum(split["clip_drops"].values()) - sum(split["video_drops"].values())
+        clips, parents = split["clips"], split["parents"]
     seconds = {
         label: float(pc.sum(table[column]).as_py() or 0.0)
         for label, column in timing.items()
         if column in table.column_names
     }
     return {
-        "rows": table.num_rows,
+        "rows": rows,
         "kept": drops.get((None, None), 0),
         "drops": [[stage, reason, n] for (stage, reason), n in drops.items() if reason is not None],
-        "clips": len(parents),
-        "parents": len(set(parents)),  # a video's clips never span two groups (one partition)
+        "clips": clips,
+        "parents": parents,  # a video's clips never span two groups (one partition)
         "seconds": seconds,
+    }
+
+
+def split_counts(table: pa.Table) -> dict[str, Any]:
+    """Clips and the videos they were cut from, told apart by partition and source index
+    (two videos may share a key, e.g. in two tars). A video whose every clip the source
+    rejected after the split (`duplicate_key` of a repeated video key) counts as one input
+    dropped at the source, not as its clips: it was one sample in, and was never split."""
+    videos: dict[tuple[int, int], list[tuple[str | None, str | None]]] = {}
+    columns = ("__parent__", "__part__", "__index__", DROP_STAGE, DROP)
+    for row in table.select(columns).to_pylist():
+        if row["__parent__"] is not None:
+            video = (row["__part__"], row["__index__"] // CLIP_SLOTS)
+            videos.setdefault(video, []).append((row[DROP_STAGE], row[DROP]))
+    clip_drops: Counter = Counter()
+    video_drops: Counter = Counter()
+    clips = parents = 0
+    for fates in videos.values():
+        stages = {stage for stage, _ in fates}
+        if stages == {SOURCE}:  # all of its clips: the video itself was rejected
+            clip_drops.update(fates)
+            video_drops[fates[0]] += 1
+        else:
+            clips, parents = clips + len(fates), parents + 1
+    return {
+        "clips": clips,
+        "parents": parents,
+        "clip_drops": clip_drops,
+        "video_drops": video_drops,
     }
 
 
