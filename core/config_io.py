@@ -7,6 +7,7 @@ validate the result with a pydantic model whose fields forbid unknown keys.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,17 +15,81 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+ASCII_INDEX = re.compile(r"[0-9]+\Z")  # a list position in a `--set` key path
 
 
 class Strict(BaseModel):
     """The base of every config model (build, train, eval, stage options): unknown keys are
     errors and values are frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity: `min_score: .nan` would silently turn a filter off, `lr: .inf`
+    # would train NaNs; no option here needs either.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ConfigError(ValueError):
     """A configuration problem, reported to the user as one line."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, but a key given twice in one mapping is an error (SafeLoader keeps
+    the last one silently, so half of a config could be ignored)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()  # mapping nodes whose keys were checked
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # Checked before merge keys (`<<: *base`) are flattened in: an explicit key may
+        # override a merged one. Every mapping passes here before it is constructed.
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # unhashable: SafeConstructor reports it
+                    continue
+                if duplicate:
+                    line = key_node.start_mark.line + 1
+                    raise ConfigError(f"key {key!r} appears twice (line {line})")
+                seen.add(key)
+        super().flatten_mapping(node)
+
+
+def parse_yaml(text: str) -> Any:
+    """`text` as YAML (StrictLoader). Raises ConfigError for a repeated key, yaml.YAMLError
+    or ValueError when it does not parse (a date such as 2001-02-30 is a ValueError)."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader: builds plain data only
+    except RecursionError:
+        raise ConfigError("nested too deeply") from None
+
+
+def check_acyclic(tree: Any, root: str = "") -> None:
+    """ConfigError naming the key (under `root`) of a list or mapping that contains itself
+    (`&a {x: *a}`): such a tree makes every later walk over it loop or crash."""
+    done: set[int] = set()  # shared anchors are walked once (no exponential blow-up)
+    stack: list[tuple[Any, str, bool]] = [(tree, root, False)]
+    open_ids: set[int] = set()  # containers on the current path from the root
+    while stack:
+        node, where, leaving = stack.pop()
+        if leaving:
+            open_ids.discard(id(node))
+            done.add(id(node))
+            continue
+        if not isinstance(node, dict | list) or id(node) in done:
+            continue
+        if id(node) in open_ids:
+            raise ConfigError(f"{where or 'top level'}: refers to itself (a YAML anchor cycle)")
+        open_ids.add(id(node))
+        stack.append((node, where, True))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            stack.append((child, f"{where}.{key}" if where else str(key), False))
 
 
 RAY_BUILTIN_RESOURCES = {"cpu", "gpu", "memory", "object_store_memory"}
@@ -60,11 +125,15 @@ def parse_override(text: str) -> tuple[list[str | int], Any]:
     dotted, raw = text.split("=", 1)
     if not dotted or any(part == "" for part in dotted.split(".")):
         raise ConfigError(f"--set {text!r}: empty key")
-    path: list[str | int] = [int(p) if p.isdigit() else p for p in dotted.split(".")]
+    # ASCII digits only: str.isdigit() is also true for '²', which int() refuses.
+    path: list[str | int] = [int(p) if ASCII_INDEX.match(p) else p for p in dotted.split(".")]
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
+        value = parse_yaml(raw) if raw != "" else ""
+    except ConfigError as err:  # a repeated key
+        raise ConfigError(f"--set {dotted}: {err}") from None
+    except (yaml.YAMLError, ValueError):
         value = raw  # not YAML: keep the literal string
+    check_acyclic(value, f"--set {dotted}")
     return path, value
 
 
@@ -90,16 +159,30 @@ def apply_override(tree: dict, path: list[str | int], value: Any) -> None:
         node[str(last)] = value
 
 
-def load_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
-    """Read a YAML mapping from `path` and apply `--set` overrides in order."""
+def read_config_text(path: str | Path) -> str:
+    """The text of the config file `path`; ConfigError with one line when it cannot be read."""
     file = Path(path)
-    if not file.is_file():
+    if file.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a config file")
+    if not file.exists():
         raise ConfigError(f"config file not found: {path}")
     try:
-        tree = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        return file.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    except yaml.YAMLError as err:
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+
+
+def load_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
+    """Read a YAML mapping from `path` and apply `--set` overrides in order."""
+    text = read_config_text(path)
+    try:
+        tree = parse_yaml(text) or {}
+        check_acyclic(tree)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except (yaml.YAMLError, ValueError) as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping")

@@ -14,6 +14,8 @@ from core.config_io import ConfigError, add_overrides
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
 
+TRAINER_COMMANDS = ("train", "eval", "probe")  # parsed by their own modules, not here
+
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="mmcurate", description=__doc__)
@@ -32,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
         help="write into an output.path that holds other files (never deleted or overwritten)",
     )
     build.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    # train, eval, probe: listed here for `mmcurate --help`; main() hands their arguments to
+    # their own parsers unparsed.
     train = sub.add_parser("train", help="train a CLIP model on built shards")
     train.add_argument("args", nargs=argparse.REMAINDER)
     evaluate = sub.add_parser("eval", help="evaluate a CLIP model: retrieval and zero-shot")
@@ -50,38 +54,62 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def trainer_command(name: str, argv: list[str]) -> int:
+    """`mmcurate train|eval|probe ARGS`: ARGS go unchanged to that command's own parser, so
+    it is exactly `python -m trainer ...` (help, option order, `--export A B` included)."""
+    if name == "train":
+        from trainer.cli import main as train_main
+
+        return train_main(argv)
+    if name == "eval":
+        from trainer.eval import main as eval_main
+
+        return eval_main(argv)
+    from trainer.probe import main as probe_main
+
+    return probe_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = None if words[:1] and words[0] in TRAINER_COMMANDS else parser().parse_args(argv)
     # Our own progress lines at INFO; libraries (open_clip logs to the root logger) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     for name in ("mmcurate", "trainer"):
         logging.getLogger(name).setLevel(logging.INFO)
     try:
+        if args is None:
+            return trainer_command(words[0], words[1:])
         if args.command == "build":
             return build_command(args, exit_when_done=argv is None)
         if args.command == "report":
-            from pipeline.report import render_report
-
-            print(render_report(args.output, json.loads(args.storage_options)))
-            return 0
-        if args.command == "train":
-            from trainer.cli import main as train_main
-
-            return train_main(args.args)
-        if args.command == "eval":
-            from trainer.eval import main as eval_main
-
-            return eval_main(args.args)
-        if args.command == "probe":
-            from trainer.probe import main as probe_main
-
-            return probe_main(args.args)
+            return report_command(args.output, args.storage_options)
         from pipeline.demo import run_demo
 
         return run_demo(args.out, samples=args.samples, steps=args.steps)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def report_command(output: str, storage_options: str) -> int:
+    """`mmcurate report OUTPUT`: report.html rendered again; a folder without a build or
+    bad `--storage-options` is a one-line ConfigError."""
+    from core.redaction import redact_text
+    from pipeline.report import render_report
+
+    try:
+        options = json.loads(storage_options)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--storage-options: not JSON: {err.msg} (char {err.pos})") from None
+    if not isinstance(options, dict):
+        raise ConfigError('--storage-options: expected a JSON object such as {"anon": true}')
+    try:
+        print(render_report(output, options))
+    except FileNotFoundError as err:
+        missing = redact_text(str(err.filename or err))
+        raise ConfigError(f"{redact_text(output)}: no build here ({missing} not found)") from None
+    return 0
 
 
 def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int:

@@ -79,7 +79,7 @@ class NearDedupeOptions(StageOptions):
     min_cosine: float = Field(0.9, ge=-1, le=1, description="embedding cosine (auto, if any)")
     recall: float = Field(0.99, gt=0, lt=1, description="target recall at the radius (lsh)")
     mode: Literal["auto", "exact", "lsh"] = "auto"
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="LSH permutations (numpy: non-negative)")
     wave_bytes: int = Field(1 << 30, ge=1 << 20, description="routed entries held at once")
 
 

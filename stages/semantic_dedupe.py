@@ -36,7 +36,8 @@ class SemanticDedupeOptions(StageOptions):
     clusters: int | None = Field(None, ge=1, description="k-means clusters; default n/cluster_size")
     cluster_size: int = Field(10_000, ge=1, description="average cluster size when clusters unset")
     niter: int = Field(20, ge=1, description="k-means iterations")
-    seed: int = 0
+    # numpy needs it non-negative; faiss k-means takes a C int
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="k-means and sampling seed")
     model: str = "ViT-B-32"
     pretrained: str | None = "laion2b_s34b_b79k"
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -28,6 +28,7 @@ _SIZE_UNITS = {
     "GIB": 2**30,
     "TIB": 2**40,
 }
+MAX_SIZE = 2**63  # bytes (exclusive)
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -37,7 +38,12 @@ def parse_size(text: str) -> int:
     unit = match.group(2).upper() if match else ""
     if not match or unit not in _SIZE_UNITS:
         raise ValueError(f"not a size like '10GB' or '512MiB': {text!r}")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    size = float(match.group(1)) * _SIZE_UNITS[unit]
+    # Why a bound: 400 digits parse as inf (int() of it raises OverflowError), and sizes past
+    # 2**63 overflow the C types they end in (RLIMIT_AS, file offsets).
+    if not size < MAX_SIZE:
+        raise ValueError(f"too large a size: {text!r} (at most 9EB)")
+    return int(size)
 
 
 def _checked_size(value: str | None) -> str | None:

@@ -26,6 +26,7 @@ from trainer.eval_data import ClassNames, EvalDataError, load_listing
 from trainer.manifest import ManifestError
 
 FORMAT = "mmcurate-eval/1"
+MAX_K = 2**31 - 1  # largest retrieval.recall_at K
 
 
 class EvalModel(Strict):
@@ -46,6 +47,8 @@ class RetrievalTask(Strict):
     def _positive(cls, value: list[int]) -> list[int]:
         if any(k <= 0 for k in value):
             raise ValueError("every K must be at least 1")
+        if any(k > MAX_K for k in value):  # compared with int64 ranks: bigger overflows
+            raise ValueError(f"every K must be at most {MAX_K}")
         return sorted(set(value))
 
 
@@ -148,15 +151,34 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(export_command(*args.export)))
             return 0
         cfg = load_eval_config(args.config, args.overrides)
+        if args.out:
+            check_out(args.out)  # before the evaluation, not after it
         result = evaluate(cfg, progress=not args.no_progress)
     except (ConfigError, ManifestError, EvalDataError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     print(result_table(result))
     if args.out:
-        write_json(args.out, result)
+        try:
+            write_json(args.out, result)
+        except OSError as err:
+            print(f"error: --out {args.out}: cannot write: {err.strerror or err}", file=sys.stderr)
+            return 2
         print(f"  results: {args.out}")
     return 0
+
+
+def check_out(path: str) -> None:
+    """ConfigError when `--out` cannot become a file: it is a folder, or a part of its
+    folder is a file."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError(f"--out {path}: is a directory (give a file name such as eval.json)")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--out {path}: {folder} is not a directory")
 
 
 def export_command(checkpoint: str, out: str) -> dict[str, Any]:
@@ -262,8 +284,12 @@ def write_json(path: str, result: dict[str, Any]) -> None:
     target = Path(path).expanduser()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written temporary left beside the target
+        raise
 
 
 if __name__ == "__main__":
