@@ -97,7 +97,20 @@ def test_the_sizing_arithmetic():
     assert recommend(ladder, loader, 2**30, probe, 8)["batch_size_per_gpu"] is None
 
 
-def test_probe_is_routed_like_train_and_eval():
+def test_probe_is_routed_like_train_and_eval(capsys):
     assert Path(__file__).resolve().parents[1].joinpath("trainer", "probe.py").is_file()
-    with pytest.raises(SystemExit):
-        main(["probe", "--help"])
+    assert main(["probe", "--help"]) == 0  # probe's own parser: its help, not a stub
+    assert "--target-global-batch" in capsys.readouterr().out
+
+
+def test_probe_out_that_is_a_directory_is_refused_before_probing(tmp_path, capsys):
+    """Bug: probe measured for minutes, then crashed writing --out into a folder."""
+    config = tmp_path / "train.yaml"
+    tree = {
+        "data": {"manifest": str(tmp_path / "none.json")},
+        "model": {"name": "mmcurate-tiny"},
+        "run": {"output": str(tmp_path / "run")},
+    }
+    config.write_text(yaml.safe_dump(tree))
+    assert main(["probe", str(config), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {tmp_path}: is a directory")

@@ -15,7 +15,6 @@ everything as JSON with `--out` (`recommendation` holds the advice).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -227,8 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     # Our progress lines at INFO; libraries (open_clip logs to the root logger) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("trainer").setLevel(logging.INFO)
+    from trainer.eval import check_out, write_json
+
     try:
         cfg = load_train_config(args.config, overrides(args))
+        if args.out:
+            check_out(args.out)  # before probing, not after it
         read_sources(cfg)  # fail fast on the data
         report = probe(cfg)
     except (ConfigError, ManifestError) as err:
@@ -236,8 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(table(report))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        try:
+            write_json(args.out, report)
+        except OSError as err:
+            print(f"error: --out {args.out}: cannot write: {err.strerror or err}", file=sys.stderr)
+            return 2
     return 0
 
 
