@@ -40,36 +40,47 @@ def plain_output(path: str) -> str:
     return path
 
 
-def location(url: str) -> tuple[str, str]:
-    """(protocol, path) that a source or output names: a glob by the folder of its fixed
-    prefix, local paths with `~`, relative parts and symlinks resolved. A local path that
-    exists as written is itself, glob characters or not (a folder `clips [2020]`)."""
-    cuts = [url.find(c) for c in GLOB_CHARS if c in url]
-    if cuts and not os.path.exists(local_part(url)):
-        url = url[: min(cuts)].rpartition("/")[0] or "/"
+def location(url: str) -> tuple[str, str, bool]:
+    """(protocol, path, pattern) that a source or output names. A glob (glob characters, and
+    for a local path nothing that exists as written, such as a folder `clips [2020]`) is named
+    by its fixed prefix: the text before its first glob character, a string prefix of all it
+    can match (`s3://b/in [1]` cannot match `s3://b/out`). Local paths with `~`, relative parts
+    and symlinks resolved."""
     protocol, _, rest = url.rpartition("://")
     protocol = PROTOCOL_ALIASES.get(protocol, protocol or "file")
-    if protocol == "file":
-        return protocol, os.path.realpath(os.path.expanduser(rest))
-    return protocol, rest.strip("/")
-
-
-def local_part(url: str) -> str:
-    """The local path a `file://` or plain URL names ("" for other protocols)."""
-    protocol, _, rest = url.rpartition("://")
-    if PROTOCOL_ALIASES.get(protocol, protocol or "file") != "file":
-        return ""
-    return os.path.expanduser(rest)
+    local = protocol == "file"
+    cuts = [rest.find(c) for c in GLOB_CHARS if c in rest]
+    pattern = bool(cuts) and not (local and os.path.exists(os.path.expanduser(rest)))
+    if pattern:
+        rest = rest[: min(cuts)]
+    if not local:
+        return protocol, rest.lstrip("/") if pattern else rest.strip("/"), pattern
+    if pattern:  # the folder resolved, then the start of the name
+        folder, _, stem = rest.rpartition("/")
+        return (
+            protocol,
+            os.path.join(os.path.realpath(os.path.expanduser(folder or "/")), stem),
+            True,
+        )
+    return protocol, os.path.realpath(os.path.expanduser(rest)), False
 
 
 def overlaps(a: str, b: str) -> bool:
-    """Whether two locations are equal or one holds the other."""
-    (pa, a_path), (pb, b_path) = location(a), location(b)
+    """Whether two locations are equal, one holds the other, or a glob may match within the
+    other."""
+    (pa, a_path, a_glob), (pb, b_path, b_glob) = location(a), location(b)
+    return pa == pb and (
+        covers(a_path, a_glob, b_path, b_glob) or covers(b_path, b_glob, a_path, a_glob)
+    )
 
-    def inside(child: str, parent: str) -> bool:
-        return child == parent or child.startswith(parent.rstrip("/") + "/")
 
-    return pa == pb and (inside(a_path, b_path) or inside(b_path, a_path))
+def covers(outer: str, outer_glob: bool, inner: str, inner_glob: bool) -> bool:
+    """Whether `inner` (a path, or a glob's fixed prefix) may lie within `outer`."""
+    if inner_glob and outer.startswith(inner):  # the glob may match `outer` itself
+        return True
+    if outer_glob:
+        return inner.startswith(outer)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 class SourceConfig(Strict):

@@ -72,7 +72,9 @@ def test_retry_after_reads_seconds_and_http_dates(value, low, high):
     assert low <= retry_after(text) <= high
 
 
-@pytest.mark.parametrize("value", [None, "", "soon", "-5", "1.5", "Mon, 99 Foo 2026 00:00:00"])
+@pytest.mark.parametrize(
+    "value", [None, "", "soon", "-5", "1.5", "Mon, 99 Foo 2026 00:00:00", "²", "1³"]
+)
 def test_retry_after_that_is_not_understood_is_ignored(value):
     assert retry_after(value) is None
 
@@ -96,6 +98,18 @@ def test_a_retry_after_in_the_past_is_retried_at_once(corpus):
     url = corpus.busy("/busy/dated", http_date(-3600))
     result = fetch(Connections(), url, POLICY)
     assert result.data == IMAGE and corpus.hits["/busy/dated"] == 2
+
+
+def test_a_retry_after_not_understood_is_retried_and_the_connection_kept_sound(corpus):
+    """Bug: `Retry-After: ²` (isdigit() says yes, float() says no) raised after the kept-alive
+    connection had been handed back and then closed: the URL dropped as `bad_url` untried,
+    and the next URL on that connection failed as `fetch_error`."""
+    conns = Connections()
+    url = corpus.busy("/busy/sup", "²", times=5)
+    result = fetch(conns, url, POLICY)
+    assert result.reason == "http_429" and result.attempts == 3
+    good = fetch(conns, f"{corpus.base}/img/good", POLICY)
+    assert good.reason is None and good.data == IMAGE
 
 
 @pytest.mark.parametrize("value", ["3600", "date"])

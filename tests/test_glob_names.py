@@ -73,9 +73,23 @@ def test_a_pattern_that_names_nothing_as_written_is_still_a_glob(tmp_path):
 
 @pytest.mark.parametrize("exists", [True, False])
 def test_an_output_beside_a_bracketed_folder_does_not_overlap_it(tmp_path, exists):
-    """A folder that exists is itself; a pattern is judged by its fixed prefix's folder."""
+    """A folder that exists is itself; otherwise a pattern, judged by its fixed prefix
+    (`photos `), which `out` does not start with."""
     folder = tmp_path / "photos [1]"
     if exists:
         folder.mkdir()
-    assert overlaps(str(folder), str(tmp_path / "out")) is not exists
+    assert not overlaps(str(folder), str(tmp_path / "out"))
     assert overlaps(str(folder), str(folder / "out"))
+    # a pattern `photos [1]` matches `photos 1`; the folder that exists is only itself
+    assert overlaps(str(folder), str(tmp_path / "photos 1")) is not exists
+
+
+def test_a_store_glob_is_judged_by_its_fixed_prefix_not_its_folder():
+    """Bug: `s3://b/in [1]` was cut back to its folder, the bucket root, so every output in
+    the bucket overlapped it. A glob covers what starts with its fixed prefix."""
+    assert not overlaps("s3://b/in [1]", "s3://b/out2")
+    assert not overlaps("s3://b/in [1]/*.tar", "s3://b/out")
+    assert overlaps("s3://b/in [1]", "s3://b/in [1]/sub")
+    assert overlaps("s3://b/in*", "s3://b/inbox")  # the glob may match the output itself
+    assert overlaps("s3://b/*.tar", "s3://b")
+    assert not overlaps("s3://b/x/in*", "s3://b/y")

@@ -196,7 +196,7 @@ class Connections:
         """(connection, reused): an idle kept-alive one for this origin, else a new one (dialing
         only `addresses` when given), connected by `deadline`."""
         cached = self._cache().pop((scheme, host, port), None)
-        if cached is not None:
+        if cached is not None and cached.sock is not None:  # None: closed since it was kept
             return cached, True
         if scheme == "https":
             conn = http.client.HTTPSConnection(
@@ -301,13 +301,14 @@ def finish(
         raise Failed("robots_optout")
     else:
         body = read_body(response, policy)
+    # read before the connection is given back: nothing may fail after that
+    wait = retry_after(response.getheader("Retry-After")) if response.status != 200 else None
     fully_read = response.isclosed() or response.length == 0
     if fully_read and not response.will_close:
         response.close()  # releases the response; the socket stays open for the next one
         conns.give(*origin, conn)
     else:
         conn.close()
-    wait = retry_after(response.getheader("Retry-After")) if response.status != 200 else None
     return Reply(response.status, location, body, wait)
 
 
@@ -315,11 +316,11 @@ def retry_after(value: str | None) -> float | None:
     """Retry-After in seconds from now: delta-seconds or an HTTP date; None when absent or not
     understood (then the usual backoff applies)."""
     value = (value or "").strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # not '²', which isdigit() also takes
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # HTTP dates are GMT
         return None
