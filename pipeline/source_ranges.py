@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
@@ -238,11 +239,27 @@ def json_table(open_: Callable[[], Any], schema: pa.Schema | None = None) -> pa.
     )
     try:
         with open_() as src:
-            return pajson.read_json(src, parse_options=options)
+            table = pajson.read_json(src, parse_options=options)
+        if not widened(table):
+            return table
     except pa.ArrowInvalid:
-        with open_() as src:
-            data = src.read()
+        pass
+    with open_() as src:
+        data = src.read()
     return rows_table(list(json_rows(data)), schema)
+
+
+def widened(table: pa.Table) -> list[str]:
+    """Float columns holding a value of 2**63 or more: where pyarrow's json and csv readers put
+    integers that do not fit int64, and every integer of the column with them, as doubles
+    (two distinct 20-digit ids became one number). Such columns are read again exactly."""
+    names = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if pa.types.is_floating(column.type) and column.null_count < len(column):
+            largest = pc.max(pc.abs(column)).as_py()
+            if largest is not None and largest >= 2.0**63:
+                names.append(name)
+    return names
 
 
 def rows_table(rows: list[dict[str, Any]], schema: pa.Schema | None) -> pa.Table:

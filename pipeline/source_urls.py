@@ -48,6 +48,7 @@ from pipeline.source_ranges import (
     read_byte_range,
     read_row_groups,
     scan_rows,
+    widened,
 )
 from pipeline.source_staging import stage_folder
 from stages.base import DROP, DROP_STAGE
@@ -90,11 +91,17 @@ def read_table(fs: Any, path: str, text_columns: tuple[str, ...] = ()) -> pa.Tab
                 raise
             return pa.table({})
     columns = {c: pa.binary() for c in text_columns if c in names}
+    table = read_csv(open_, fmt, columns)
+    exact = {name: pa.string() for name in widened(table)}  # 20-digit ids: as written
+    return read_csv(open_, fmt, columns | exact) if exact else table
+
+
+def read_csv(open_: Callable[[], Any], fmt: str, types: dict[str, pa.DataType]) -> pa.Table:
     with open_() as src:
         return pacsv.read_csv(
             src,
             parse_options=csv_parse(fmt),
-            convert_options=pacsv.ConvertOptions(column_types=columns),
+            convert_options=pacsv.ConvertOptions(column_types=types),
         )
 
 

@@ -259,3 +259,22 @@ def test_built_samples_keep_their_own_key_in_json_tar_and_parquet(tmp_path):
     assert {m["source_key"] for m in members.values()} == {"same"}
     keys = pq.read_table(tmp_path / "out" / "shard-000000.parquet").column("key").to_pylist()
     assert sorted(keys) == sorted(members)
+
+
+BIG = [7, 18446744073709551615, 18446744073709551614, 2**65 + 1]
+
+
+@pytest.mark.parametrize("every", [1, 256])
+@pytest.mark.parametrize("name", ["a.jsonl", "a.csv", "a.jsonl.gz", "a.csv.gz"])
+def test_integers_beyond_int64_in_a_list_keep_every_digit(tmp_path, every, name):
+    """Bug: pyarrow's readers widen a column to double when an integer overflows int64, so
+    two different 20-digit ids became the same 1.8446744073709552e+19, and 7 became 7.0."""
+    if ".jsonl" in name:
+        data = "".join(json.dumps({"url": U, "caption": "c", "id": i}) + "\n" for i in BIG)
+    else:
+        data = "url,caption,id\n" + "".join(f"{U},c,{i}\n" for i in BIG)
+    path = tmp_path / name
+    raw = data.encode()
+    path.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
+    rows, _ = read_all(SourceConfig(kind="urls", path=str(path), files_per_task=every))
+    assert [str(json.loads(r["json"])["id"]) for r in rows] == [str(i) for i in BIG]
