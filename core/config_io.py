@@ -45,8 +45,15 @@ class StrictLoader(yaml.SafeLoader):
         if id(node) not in self._checked:
             self._checked.add(id(node))
             seen: set[Any] = set()
+            merges = 0
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
+                    merges += 1
+                    if merges > 1:  # PyYAML would keep the first and drop the rest
+                        line = key_node.start_mark.line + 1
+                        raise ConfigError(
+                            f"key '<<' appears twice (line {line}); merge several as <<: [*a, *b]"
+                        )
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:

@@ -216,3 +216,12 @@ def test_report_errors_are_one_line(tmp_path, capsys, extra, message):
     assert mmcurate(["report", str(tmp_path / "nothing"), *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_two_merge_keys_in_one_mapping_are_refused(tmp_path):
+    """PyYAML keeps the first `<<` and silently drops the second's keys."""
+    body = "a: &a {k: 1}\nb: &b {j: 2}\nx: {<<: *a, <<: *b}\n"
+    message = config_error(load_yaml, build_yaml(tmp_path, body))
+    assert message.endswith("key '<<' appears twice (line 5); merge several as <<: [*a, *b]")
+    merged = load_yaml(build_yaml(tmp_path, "a: &a {k: 1}\nb: &b {j: 2}\nx: {<<: [*a, *b]}\n"))
+    assert merged["x"] == {"k": 1, "j": 2}
