@@ -185,3 +185,23 @@ def test_an_answer_is_asked_again_after_its_time_to_live():
     for _ in range(2):
         assert resolver.addresses("b.test", 80, deadline) == ("127.0.0.1",)
     assert lookups.calls == ["b.test", "b.test"]
+
+
+def test_names_that_hang_never_hold_up_the_lookup_of_another():
+    """Hung lookups each hold a resolver thread past their deadline; a fixed pool of 16 was
+    used up by 16 of them, and every other name then timed out behind them."""
+    slow = Lookups(hang=True)
+
+    def lookup(host: str, port: int, **kwargs: object) -> list[tuple]:
+        if host.startswith("slow"):
+            return slow(host, port, **kwargs)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    resolver = Resolver(lookup=lookup)
+    try:
+        for i in range(40):
+            with pytest.raises(TimeoutError):
+                resolver.addresses(f"slow{i}.test", 80, time.monotonic() + 0.01)
+        assert resolver.addresses("fast.test", 80, time.monotonic() + 10) == ("127.0.0.1",)
+    finally:
+        slow.release.set()

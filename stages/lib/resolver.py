@@ -2,8 +2,9 @@
 
 `getaddrinfo` takes no timeout: a slow or dead resolver held a download thread for as long as
 the system's resolver retried (tens of seconds per name), outside `timeout_s`. Here each lookup
-runs on a small pool of resolver threads and the fetching thread waits only for the time its
-attempt has left. Answers (failures too) are kept for `ttl_s`: web-scale URL lists repeat hosts,
+runs on a resolver thread (more start while none is idle, up to `max_threads`, so names that
+hang never queue the others) and the fetching thread waits only for the time its attempt has
+left. Answers (failures too) are kept for `ttl_s`: web-scale URL lists repeat hosts,
 and a dead domain is asked about once, not once per URL. Concurrent lookups of one name share
 one query.
 """
@@ -33,11 +34,12 @@ class Resolver:
         lookup: Lookup = socket.getaddrinfo,
         ttl_s: float = 300.0,
         max_names: int = 10_000,
-        threads: int = 16,
+        max_threads: int = 256,
     ) -> None:
         self.lookup, self.ttl_s, self.max_names = lookup, ttl_s, max_names
-        self.threads = threads
-        self.jobs: SimpleQueue | None = None  # threads start on first use: forks stay clean
+        self.max_threads = max_threads
+        self.jobs: SimpleQueue = SimpleQueue()
+        self.threads = self.idle = 0  # started on demand: forks stay clean, few run idle
         self.answers: OrderedDict[tuple[str, int], tuple[float, Future]] = OrderedDict()
         self.lock = threading.Lock()
 
@@ -60,25 +62,29 @@ class Resolver:
             if cached is not None and cached[0] > now:
                 self.answers.move_to_end(key)
                 return cached[1]
-            if self.jobs is None:
-                self.start()
             future: Future = Future()
             self.jobs.put((future, host, port))
+            if self.idle == 0 and self.threads < self.max_threads:
+                self.start_thread()
             self.answers[key] = (now + self.ttl_s, future)
             while len(self.answers) > self.max_names:
                 self.answers.popitem(last=False)
             return future
 
-    def start(self) -> None:
-        """Daemon threads, unlike an executor's: a lookup hung in the C library must not hold
-        up the process's exit."""
-        self.jobs = SimpleQueue()
-        for i in range(self.threads):
-            threading.Thread(target=self.work, name=f"resolve-{i}", daemon=True).start()
+    def start_thread(self) -> None:
+        """One more lookup thread (called under the lock, when none is idle): a name that
+        hangs in the resolver holds its thread, never the lookups of other names. Daemon
+        threads, unlike an executor's: a hung lookup must not hold up the process's exit."""
+        self.threads += 1
+        threading.Thread(target=self.work, name=f"resolve-{self.threads}", daemon=True).start()
 
     def work(self) -> None:
         while True:
+            with self.lock:
+                self.idle += 1
             future, host, port = self.jobs.get()
+            with self.lock:
+                self.idle -= 1
             if not future.set_running_or_notify_cancel():
                 continue
             try:
