@@ -254,3 +254,17 @@ def test_two_videos_sharing_a_key_count_as_two_inputs_when_split(tmp_path):
     source, split = stats["stages"]
     assert (source["in"], source["out"], source["dropped"]) == (3, 2, {"duplicate_key": 1})
     assert (split["in"], split["out"]) == (2, 4)
+
+
+def test_a_still_image_named_like_a_video_is_no_video():
+    """Bug: FFmpeg opens a JPEG as a one-frame video, so a photo saved as .mp4 was kept, its
+    `.mp4` member a JPEG. Now both video stages drop it as `no_video_stream`."""
+    stills = []
+    for fmt in ("JPEG", "PNG", "GIF", "WEBP"):
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, fmt)
+        stills.append(buffer.getvalue())
+    for spec in ({"name": "video_frames"}, {"name": "clip_split"}):
+        stage = build_stage(spec)
+        for still in stills:
+            assert stage(batch_of({"mp4": still}))["__drop__"] == ["no_video_stream"], spec

@@ -116,6 +116,7 @@ def centre_square(width: int, height: int) -> tuple[int, int, int, int]:
 def sample_video(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
     """{frames: [jpeg], indices, timestamps, fps, frame_count, width, height, decoder}. Frames
     are JPEG-encoded as they are decoded, so a long fps-mode plan never sits in memory whole."""
+    refuse_images(data)
     if may_be_rotated(data) and display_rotation(data):  # decord garbles these (4 channels)
         return with_pyav(data, opts)
     try:
@@ -132,6 +133,15 @@ IDENTITY = bytes.fromhex("00010000" + "00000000" * 3 + "00010000" + "00000000" *
 ISO_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip")
 EBML_MAGIC = b"\x1a\x45\xdf\xa3"
 PROJECTION_POSE_ROLL = b"\x76\x75"  # Matroska's element for a rotated picture
+
+
+def refuse_images(data: bytes) -> None:
+    """NoVideoStream for a still image under a video's name (a JPEG saved as .mp4): FFmpeg
+    opens it as a one-frame video, and the build kept a `.mp4` member holding a JPEG."""
+    from stages.lib.http_fetch import sniff  # the image signatures downloads check
+
+    if sniff(data[:16]) is not None:
+        raise NoVideoStream("an image, not a video")
 
 
 def may_be_rotated(data: bytes) -> bool:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import av
 import numpy as np
 
-from stages.lib.video_decode import NoFrames, NoVideoStream, upright
+from stages.lib.video_decode import NoFrames, NoVideoStream, refuse_images, upright
 
 
 def fixed_bounds(duration: float, window: float, stride: float) -> list[tuple[float, float]]:
@@ -55,6 +55,7 @@ class Scan(NamedTuple):
 def scan(data: bytes, analysis_fps: float | None) -> Scan:
     """Pass 1, streaming: frame count, times, size, and (for scene cuts) small grey copies of
     frames `analysis_fps` a second, chosen by their timestamps (variable frame rates too)."""
+    refuse_images(data)
     with av.open(io.BytesIO(data)) as box:
         if not box.streams.video:
             raise NoVideoStream("no video stream")
