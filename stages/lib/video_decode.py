@@ -14,7 +14,7 @@ file whose frames are mostly unrecoverable raises instead of silently repeating 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -145,22 +145,48 @@ def refuse_images(data: bytes) -> None:
 
 
 def may_be_rotated(data: bytes) -> bool:
-    """A screen that spares most videos the decode `display_rotation` needs (~10% of a
-    sampling's time): False only where no rotation can be recorded: an MP4/MOV whose every
-    track header (`tkhd`) holds the identity matrix, a Matroska/WebM without the element
-    that records a roll. Bytes that merely look like those (inside the media) say True."""
+    """A screen that spares most videos the decode `display_rotation` needs: False only where
+    no rotation can be recorded: an MP4/MOV whose every track header (`moov/trak/tkhd`, found
+    by walking the boxes, never scanning the media) holds the identity matrix, a
+    Matroska/WebM without the element that records a roll. Anything unclear says True."""
     if data[4:8] in ISO_BOXES:
-        at = data.find(b"tkhd")
-        while at >= 0:
-            times = 32 if data[at + 4 : at + 5] == b"\x01" else 20  # version 1: 64-bit times
-            start = at + 8 + times + 16  # version/flags, times, reserved, layer, group, volume
-            if data[start : start + 36] != IDENTITY:
-                return True
-            at = data.find(b"tkhd", at + 4)
-        return False
+        headers = list(track_headers(data))
+        return not headers or any(not identity_matrix(data, at) for at in headers)
     if data.startswith(EBML_MAGIC):
         return PROJECTION_POSE_ROLL in data
     return True
+
+
+def iso_boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """(type, payload start, end) of the ISO BMFF boxes between `start` and `end`."""
+    at = start
+    while at + 8 <= end:
+        size, kind, header = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8], 8
+        if size == 1:  # a 64-bit size follows
+            size, header = int.from_bytes(data[at + 8 : at + 16], "big"), 16
+        elif size == 0:  # to the end
+            size = end - at
+        if size < header:
+            return
+        yield kind, at + header, min(at + size, end)
+        at += size
+
+
+def track_headers(data: bytes) -> Iterator[int]:
+    """Where each `moov/trak/tkhd` payload starts."""
+    for kind, start, end in iso_boxes(data, 0, len(data)):
+        if kind != b"moov":
+            continue
+        for trak, t_start, t_end in iso_boxes(data, start, end):
+            if trak == b"trak":
+                yield from (s for k, s, _ in iso_boxes(data, t_start, t_end) if k == b"tkhd")
+
+
+def identity_matrix(data: bytes, at: int) -> bool:
+    """Whether the tkhd payload at `at` shows its track as stored."""
+    times = 32 if data[at : at + 1] == b"\x01" else 20  # version 1: 64-bit times
+    start = at + 4 + times + 16  # version/flags, times, reserved, layer, group, volume
+    return data[start : start + 36] == IDENTITY
 
 
 def display_rotation(data: bytes) -> int:
