@@ -133,6 +133,7 @@ IDENTITY = bytes.fromhex("00010000" + "00000000" * 3 + "00010000" + "00000000" *
 ISO_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip")
 EBML_MAGIC = b"\x1a\x45\xdf\xa3"
 PROJECTION_POSE_ROLL = b"\x76\x75"  # Matroska's element for a rotated picture
+MATROSKA_CLUSTER = b"\x1f\x43\xb6\x75"  # the media starts here
 
 
 def refuse_images(data: bytes) -> None:
@@ -152,8 +153,9 @@ def may_be_rotated(data: bytes) -> bool:
     if data[4:8] in ISO_BOXES:
         headers = list(track_headers(data))
         return not headers or any(not identity_matrix(data, at) for at in headers)
-    if data.startswith(EBML_MAGIC):
-        return PROJECTION_POSE_ROLL in data
+    if data.startswith(EBML_MAGIC):  # the track headers come before the first cluster
+        first_cluster = data.find(MATROSKA_CLUSTER, 0, 1 << 20)
+        return PROJECTION_POSE_ROLL in data[: first_cluster if first_cluster > 0 else 1 << 20]
     return True
 
 
