@@ -14,7 +14,8 @@
   values as their JSON text. A partition parses only the columns it uses. Text that is not
   UTF-8 (bytes, or an escaped lone surrogate such as `"\ud800"`) makes its column binary, so the
   rows holding it can be dropped one by one (`caption_not_utf8`) instead of failing the file.
-  A line that is not a JSON object is a row of its own, marked in the BAD_ROW column.
+  A line that is not a JSON object is a row of its own, marked in the BAD_ROW column (a csv
+  row with the wrong number of fields too: pipeline/source_csv.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from pipeline.source_csv import BAD_ROW, read_csv_rows, with_bad_row_column
+
 BLOCK = 8 << 20  # bytes per read of the planning scan
 NEWLINE, CR = 10, 13
 OPEN, CLOSE = ord("{"), ord("}")
@@ -42,8 +45,6 @@ SPACE = np.array([32, 9, CR], np.uint8)  # JSON whitespace within a line
 JSON_SPACE = re.compile(r"[ \t\r\n]*")
 TEXT_TYPES = (pa.string(), pa.large_string())
 BINARY_TYPES = (pa.binary(), pa.large_binary())
-# jsonl: a column marking the rows whose line is not a JSON object (dropped as `bad_json_row`)
-BAD_ROW = "__mmcurate_bad_json_row__"
 log = logging.getLogger("mmcurate.sources")
 
 
@@ -214,16 +215,12 @@ def read_byte_range(fs: Any, path: str, part: dict[str, Any]) -> pa.Table:
         used = pa.schema([schema.field(name) for name in columns])
         return json_table(lambda: io.BytesIO(body), used).select(columns)
     header = fs.cat_file(path, start=0, end=part["header"]) if part["header"] else b""
-    return pacsv.read_csv(
-        io.BytesIO(header + body),
-        parse_options=pacsv.ParseOptions(
-            delimiter="\t" if part["format"] == "tsv" else ",", newlines_in_values=True
-        ),
-        convert_options=pacsv.ConvertOptions(
-            column_types=dict(zip(schema.names, schema.types, strict=True)),
-            include_columns=columns,
-        ),
+    convert = pacsv.ConvertOptions(
+        column_types=dict(zip(schema.names, schema.types, strict=True)),
+        include_columns=[name for name in columns if name != BAD_ROW],
     )
+    table = read_csv_rows(lambda: io.BytesIO(header + body), part["format"], convert)
+    return with_bad_row_column(table, columns)
 
 
 # ---- jsonl: one type per column ---------------------------------------------------------------

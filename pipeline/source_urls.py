@@ -38,8 +38,8 @@ from core.storage import (
 )
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
+from pipeline.source_csv import BAD_ROW, parse_options, read_csv_rows
 from pipeline.source_ranges import (
-    BAD_ROW,
     binary_where_not_utf8,
     group_starts,
     groups_for,
@@ -85,7 +85,7 @@ def read_table(fs: Any, path: str, text_columns: tuple[str, ...] = ()) -> pa.Tab
         if fmt == "parquet":  # ParquetFile: read_table imports pyarrow.dataset (~35 ms)
             return pq.ParquetFile(src).read()
         try:
-            names = pacsv.open_csv(src, parse_options=csv_parse(fmt)).schema.names  # 1st block
+            names = pacsv.open_csv(src, parse_options=parse_options(fmt, skip)).schema.names
         except pa.ArrowInvalid:
             if not is_empty(open_):
                 raise
@@ -97,21 +97,16 @@ def read_table(fs: Any, path: str, text_columns: tuple[str, ...] = ()) -> pa.Tab
 
 
 def read_csv(open_: Callable[[], Any], fmt: str, types: dict[str, pa.DataType]) -> pa.Table:
-    with open_() as src:
-        return pacsv.read_csv(
-            src,
-            parse_options=csv_parse(fmt),
-            convert_options=pacsv.ConvertOptions(column_types=types),
-        )
+    return read_csv_rows(open_, fmt, pacsv.ConvertOptions(column_types=types))
+
+
+def skip(row: Any) -> str:
+    return "skip"  # the header's names are all planning needs here
 
 
 def is_empty(open_: Callable[[], Any]) -> bool:
     with open_() as src:
         return not src.read(1)
-
-
-def csv_parse(fmt: str) -> pacsv.ParseOptions:
-    return pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True)
 
 
 def list_url_files(cfg: SourceConfig, storage_options: dict[str, Any]) -> tuple[Any, list[str]]:
@@ -170,6 +165,15 @@ def plan_file(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[int
     return rows, lambda start, count: version | how(start, count)
 
 
+def check_some_row_fits(table: pa.Table, path: str, fmt: str) -> None:
+    """A csv/tsv list whose every row has the wrong field count is not a list of that shape
+    (another delimiter?): a ConfigError, as a jsonl list with no object is."""
+    if fmt != "jsonl" and BAD_ROW in table.column_names and table[BAD_ROW].null_count == 0:
+        fields = len(table.column_names) - 1
+        why = f"no row has the header's {fields} fields"
+        raise ConfigError(f"source.path: {path}: not a readable {fmt} list ({why})")
+
+
 def plan_text(
     fs: Any, path: str, cfg: SourceConfig, version: dict[str, Any]
 ) -> tuple[int, Callable[[int, int], dict]]:
@@ -179,6 +183,7 @@ def plan_text(
     if not table.num_rows and not table.column_names:  # an empty file: 0 rows, no partition
         return 0, lambda start, count: {}
     columns = needed_columns(table.column_names, path, cfg)
+    check_some_row_fits(table, path, fmt)
     common = {"format": fmt, "columns": columns}
     folder = stage_folder(path, every, columns, version)
     staged = {**common, "read": "whole", "stage": folder, "stage_rows": every}
@@ -309,6 +314,10 @@ def readable(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def bad_row_reason(part: dict[str, Any]) -> str:
+    return "bad_json_row" if part.get("format", "jsonl") == "jsonl" else "bad_csv_row"
+
+
 def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict[str, Any]:
     key = f"{position:0{KEY_DIGITS}d}"
     bad_line = row.pop(BAD_ROW, None)
@@ -325,7 +334,9 @@ def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict
         "txt": caption,
         "json": meta_json(meta, default=str, ensure_ascii=False, sort_keys=True),
     }
-    problem = "bad_json_row" if bad_line else "url_not_utf8" if url_problem else caption_problem
+    problem = (
+        bad_row_reason(part) if bad_line else "url_not_utf8" if url_problem else caption_problem
+    )
     if url is None and not problem:
         problem = "missing_url"
     if problem:

@@ -20,7 +20,8 @@ from core.storage import GLOB_CHARS, cat_many, filesystem, protocol_of, store_ve
 from core.tario import safe_key
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
-from pipeline.source_urls import FORMATS, read_table
+from pipeline.source_csv import BAD_ROW
+from pipeline.source_urls import FORMATS, file_format, read_table
 from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Columns
 
 VIDEO_EXTS = set(VIDEO_COLUMNS)
@@ -87,11 +88,14 @@ def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
     columns = zip(
         table[cfg.path_column].to_pylist(), table[cfg.caption_column].to_pylist(), strict=True
     )
+    bad = table[BAD_ROW].to_pylist() if BAD_ROW in table.column_names else [None] * len(table)
+    bad_reason = "bad_json_row" if file_format(path) == "jsonl" else "bad_csv_row"
     for index, (raw_path, raw_caption) in enumerate(columns):
         video, _ = decode_caption(raw_path) if isinstance(raw_path, bytes) else (raw_path, None)
         caption, reason = (
             decode_caption(raw_caption) if isinstance(raw_caption, bytes) else (raw_caption, None)
         )
+        reason = bad_reason if bad[index] else reason
         url = video if not video or "://" in video or video.startswith("/") else f"{folder}/{video}"
         rows.append({"key": f"{index:09d}", "url": url, "caption": caption, "reason": reason})
     size = cfg.files_per_task
@@ -129,8 +133,8 @@ def video_row(row: dict[str, Any], data: Any, part: int, index: int) -> dict[str
         "json": json.dumps({"source": row["url"]}),
     }
     ext = (row["url"] or "").rpartition(".")[2].lower()
-    if not row["url"] or isinstance(data, Exception) or data is None:
-        return sample | {DROP: "read_error", DROP_STAGE: SOURCE}
     if row.get("reason"):
         return sample | {DROP: row["reason"], DROP_STAGE: SOURCE}
+    if not row["url"] or isinstance(data, Exception) or data is None:
+        return sample | {DROP: "read_error", DROP_STAGE: SOURCE}
     return sample | {ext if ext in VIDEO_EXTS else "mp4": data}

@@ -328,7 +328,7 @@ def truncated_parquet(path) -> None:
         ("cut.parquet", truncated_parquet, "magic bytes not found"),
         # a 0-byte csv is an empty list, 0 rows (tests/test_url_lists.py); blank lines are not
         ("blank.csv", lambda p: p.write_bytes(b"\n\n"), "Empty CSV file"),
-        ("quote.csv", lambda p: p.write_text('URL,TEXT\nu,"x"y,z\n'), "Expected 2 columns"),
+        ("quote.csv", lambda p: p.write_text('URL,TEXT\nu,"x"y,z\n'), "no row has the header's"),
         ("bad.jsonl", lambda p: p.write_text("URL,TEXT\nu,a\n"), "no line is a JSON object"),
         ("bad.csv.gz", lambda p: p.write_bytes(b"not gzip at all"), "gzip"),
     ],

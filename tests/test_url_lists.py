@@ -278,3 +278,74 @@ def test_integers_beyond_int64_in_a_list_keep_every_digit(tmp_path, every, name)
     path.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
     rows, _ = read_all(SourceConfig(kind="urls", path=str(path), files_per_task=every))
     assert [str(json.loads(r["json"])["id"]) for r in rows] == [str(i) for i in BIG]
+
+
+def csv_with_bad_rows(name: str) -> tuple[bytes, list]:
+    """A csv/tsv list where every other row has a field too many or too few; rows 4 and 5
+    hold a quoted newline (the file is then staged instead of read by byte ranges)."""
+    sep = "\t" if ".tsv" in name else ","
+    good = [f"{U}{sep}c{i}{sep}{i}" for i in range(4)]
+    bad = [f"{U}{sep}two{sep}fields{sep}too many", f"{U}", f"{U}{sep}x{sep}1{sep}{sep}"]
+    rows = [good[0], bad[0], good[1], bad[1], good[2], bad[2], good[3]]
+    expected = [None, "bad_csv_row"] * 3 + [None]
+    text = sep.join(["url", "caption", "n"]) + "\n" + "\n".join(rows) + "\n"
+    return text.encode(), expected
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 256])
+@pytest.mark.parametrize(
+    ("name", "staged"), [("a.csv", False), ("a.tsv", False), ("a.csv.gz", True), ("a.tsv", True)]
+)
+def test_a_csv_row_with_the_wrong_field_count_drops_that_row_only(tmp_path, every, name, staged):
+    """Bug: one row with a field too many (an unquoted comma in a caption) or too few failed
+    the whole list with pyarrow's 'Expected 3 columns, got 4'. Now that row is dropped as
+    `bad_csv_row`; the rows after it keep their keys (their row numbers)."""
+    data, expected = csv_with_bad_rows(name)
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    cfg = SourceConfig(kind="urls", path=str(tmp_path / name), files_per_task=every)
+    rows, _ = read_all(cfg, work=tmp_path / "_work" if staged else None)
+    assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(len(expected))]
+    assert [r[DROP] for r in rows] == expected
+    assert [r["txt"] for r in rows[::2]] == ["c0", "c1", "c2", "c3"]
+    assert [json.loads(r["json"])["n"] for r in rows[::2]] == [0, 1, 2, 3]  # still numbers
+    assert all("__mmcurate" not in r["json"] for r in rows)
+
+
+def test_bad_csv_rows_are_counted_in_a_built_dataset(tmp_path):
+    """Through the build command's path: the bad rows are a named, counted source drop, and
+    a quoted newline elsewhere in the list (staged reading) changes nothing."""
+    data, expected = csv_with_bad_rows("a.csv")
+    data += f'{U},"two\nlines",9\n'.encode()
+    (tmp_path / "a.csv").write_bytes(data)
+    cfg = BuildConfig.model_validate(
+        {
+            "source": {"kind": "urls", "path": str(tmp_path / "a.csv"), "files_per_task": 2},
+            "stages": [{"name": "caption_filter", "min_words": 1}],
+            "output": {"path": str(tmp_path / "out")},
+            "ray": {"runtime": "local", "num_cpus": 1},
+        }
+    )
+    run_build(cfg)
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    source = stats["stages"][0]
+    assert source["dropped"] == {"bad_csv_row": 3}
+    assert source["in"] == len(expected) + 1 and source["out"] == 5
+    with tarfile.open(tmp_path / "out" / "shard-000000.tar") as tar:
+        texts = sorted(
+            tar.extractfile(m).read().decode() for m in tar.getmembers() if m.name.endswith("txt")
+        )
+    assert texts == ["c0", "c1", "c2", "c3", "two\nlines"]
+
+
+def test_a_bad_row_of_a_video_list_is_named_not_a_read_error(tmp_path):
+    from pipeline.source_videos import plan_video_list, read_video_list
+
+    (tmp_path / "x.mp4").write_bytes(b"not decoded here")
+    (tmp_path / "list.csv").write_text("path,caption\nx.mp4,one\nx.mp4,a, comma\nx.mp4,three\n")
+    cfg = SourceConfig(kind="videos", path=str(tmp_path / "list.csv"))
+    parts = plan_video_list(cfg, {})
+    rows = [dict(zip(b, v, strict=True)) for p in parts for b in [read_video_list(p, {})]
+            for v in zip(*b.values(), strict=True)]  # fmt: skip
+    assert [r["__key__"] for r in rows] == ["000000000", "000000001", "000000002"]
+    assert [r[DROP] for r in rows] == [None, "bad_csv_row", None]
+    assert rows[2]["txt"] == "three"
