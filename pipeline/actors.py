@@ -81,17 +81,27 @@ def pool_shape(stage: Stage, cluster_gpus: float) -> tuple[float, int] | None:
 START_S = 900  # for every actor of a pool to load its model
 
 
+def check_devices(stages: list[Stage], gpus: bool, where: str) -> None:
+    """`device: cuda` where there is no GPU fails the build in one line, before any work
+    (it failed every task with a traceback from torch)."""
+    for stage in stages:
+        if getattr(stage.options, "device", None) == "cuda" and not gpus:
+            raise ConfigError(f"stages.{stage.index}.device: cuda, but {where} has no GPU")
+
+
 def start_pools(stages: list[Stage]) -> dict[int, RemoteEncoder]:
     """Start the actor pools the stages ask for; returns an encoder per stage index. A pool
     that cannot be placed or loaded fails the build in one line, and stops what it started.
     On the local runtime there are none (it is chosen only when no stage wants a pool)."""
-    from pipeline.raysession import local_pool
+    from pipeline.raysession import gpus_present, local_pool
 
     if local_pool() is not None:
+        check_devices(stages, gpus_present(), "this machine")
         return {}
     import ray
 
     cluster_gpus = float(ray.cluster_resources().get("GPU", 0))
+    check_devices(stages, cluster_gpus > 0, "the Ray cluster")
     node_gpus = max((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
     encoders: dict[int, RemoteEncoder] = {}
     try:

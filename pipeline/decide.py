@@ -98,7 +98,7 @@ def map_keyed(
     groups: Groups, names: tuple[str, str], group: int, plan: KeyedDecision, reduces: int
 ) -> list[int]:
     """Task body: route a group's live rows; returns the reduces it wrote a payload for."""
-    table = live_table(groups, names[0], group, list(plan.columns))
+    table = live_table(groups, names[0], group, list(plan.columns), plan.optional)
     if table.num_rows == 0:
         return []
     written = []

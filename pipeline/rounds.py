@@ -16,9 +16,12 @@ from stages.lib.decisions import split_by
 ROW_ID = ["__key__", "__part__", "__index__"]
 
 
-def live_table(groups: Groups, round_name: str, group: int, columns: list[str]) -> pa.Table:
-    """A group's rows still live after `round_name` that have every one of `columns` set."""
-    wanted = list(dict.fromkeys([*ROW_ID, *columns]))
+def live_table(
+    groups: Groups, round_name: str, group: int, columns: list[str], optional: tuple[str, ...] = ()
+) -> pa.Table:
+    """A group's rows still live after `round_name` that have every one of `columns` set
+    (and the `optional` columns, null where unset)."""
+    wanted = list(dict.fromkeys([*ROW_ID, *columns, *optional]))
     table = read_group(groups, group, wanted)
     mask = pc.is_null(read_fate(groups, round_name, group)[DROP])
     for column in columns:

@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from core.formats import meta_json
 from core.mapreduce import Runner
@@ -68,6 +68,13 @@ class ClipScoreOptions(ModelOptions):
                 raise ValueError(f"concept name {name!r}: use lowercase letters, digits, _")
             prompt_sets(name, concept)
         return concepts
+
+    @model_validator(mode="after")
+    def _range(self) -> ClipScoreOptions:
+        low, high = self.min_score, self.max_score
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_score {low:g} is above max_score {high:g}: nothing would pass")
+        return self
 
 
 @register

@@ -6,8 +6,7 @@ import io
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 from pydantic import Field
 
 from core.formats import meta_json
@@ -21,15 +20,16 @@ from stages.base import (
     sample_meta,
 )
 from stages.lib.fast_resize import shrink
+from stages.lib.pixels import DECODE_ERRORS, to_rgb, upright
 
 PIL_FORMATS = {"jpg": "JPEG", "webp": "WEBP", "png": "PNG"}
+MAX_SIDE = {"webp": 16383, "jpg": 65500}  # what the format can hold (PNG: no practical limit)
 FILTERS = {
     "area": Image.Resampling.BOX,
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
     "lanczos": Image.Resampling.LANCZOS,
 }
-EXIF_ORIENTATION = 0x0112
 
 
 class ResizeOptions(StageOptions):
@@ -74,6 +74,8 @@ def size_problem(width: int, height: int, opts: DecodeImageOptions) -> str | Non
         return "too_small"
     if opts.max_side is not None and max(width, height) > opts.max_side:
         return "too_big"
+    if max(target_size(width, height, opts.resize)) > MAX_SIDE.get(opts.format, 1 << 31):
+        return "too_big"  # longer than the output format can hold
     if opts.max_aspect_ratio is not None and max(width, height) > opts.max_aspect_ratio * max(
         min(width, height), 1
     ):
@@ -111,38 +113,9 @@ def center_crop_box(width: int, height: int, side: int) -> tuple[int, int, int, 
     return left, top, left + side, top + side
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """Any mode to 8-bit RGB: 16/32-bit and float grey is scaled (not clipped); alpha is
-    dropped."""
-    if image.mode == "RGB":
-        return image
-    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
-        pixels = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=0.0)
-        white = grey_white(image.mode, float(pixels.max(initial=0)))
-        grey = np.clip(pixels * (255.0 / white), 0, 255).round().astype(np.uint8)
-        return Image.fromarray(grey).convert("RGB")
-    if "A" in image.getbands() or image.mode == "P":
-        image = image.convert("RGBA")
-    return image.convert("RGB")
-
-
-def grey_white(mode: str, top: float) -> float:
-    """The value shown as white: a 16-bit mode's own 65,535; for 32-bit integer and float
-    grey, whose mode has no range, the smallest usual one holding the data (float: 1.0, then
-    255, then 65,535), never a range picked below the values (that turned them white)."""
-    if mode.startswith("I;16"):
-        return 65535.0
-    for white in ((1.0,) if mode == "F" else ()) + (255.0, 65535.0):
-        if top <= white:
-            return white
-    return top
-
-
 def transform(image: Image.Image, resize: ResizeOptions) -> Image.Image:
     """EXIF transpose, RGB, resize and optional centre crop."""
-    if image.getexif().get(EXIF_ORIENTATION, 1) != 1:  # transposing copies: only when needed
-        image = ImageOps.exif_transpose(image)
-    image = to_rgb(image)
+    image = to_rgb(upright(image))
     if resize.mode == "center_crop" and min(image.size) < resize.size:
         # Enlarging: crop first, so only the square is enlarged (a 1 x N strip whole would
         # become 256 x 256N pixels before the crop threw nearly all of them away)
@@ -196,7 +169,7 @@ class DecodeImage(Stage):
             return encode(image, opts.format, opts.quality), meta, None
         except Image.DecompressionBombError:  # over twice PIL's limit, which a user lowered
             return None, {}, "too_many_pixels"
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        except DECODE_ERRORS:
             return None, {}, "decode_error"
 
     def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:

@@ -3,8 +3,10 @@
 Per sample: `sha256` of the media bytes (`of: bytes`), or of the decoded pixels (`of: pixels`:
 RGB size and values, so the same picture saved twice by different encoders still matches).
 Globally (phase B, signatures only): rows are hash-partitioned by their sha256 across reduce
-tasks and each reduce keeps the smallest key per hash (identical images tie on every other
-keep criterion). Memory: a reduce holds its share of (key, sha256) rows, about 256 MiB.
+tasks and each reduce keeps one sample per hash by the keep policy every dedupe follows
+(stages/lib/dedupe_common.py): the highest `clip_score` when the build has one (identical
+images with different captions score differently), else the smallest key. Memory: a reduce
+holds its share of (key, sha256, score) rows, about 256 MiB.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from PIL import Image
 from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
 from stages.base import Columns, Stage, StageOptions, media_column, register
 from stages.lib.decisions import KeyedDecision, split_by
-from stages.lib.dedupe_common import Decisions, live_rows
+from stages.lib.dedupe_common import Decisions, keepers, live_rows, priority_rank
+from stages.lib.pixels import DECODE_ERRORS, to_rgb, upright
 
+RANKED_BY = ("clip_score",)  # read where the build has it (identical images tie on size)
+DROPPED = ("sha256", *RANKED_BY)  # columns the decisions do not carry
 HEX_PAIRS = pa.array([f"{i:02x}" for i in range(256)])
 
 
@@ -36,9 +41,9 @@ def sha256_hex(data: bytes) -> str:
 
 
 def pixels_sha256(data: bytes) -> str:
-    """sha256 of the decoded RGB pixels and their size."""
+    """sha256 of the decoded pixels as a viewer sees them (upright, 8-bit RGB) and their size."""
     with Image.open(io.BytesIO(data)) as image:
-        rgb = image.convert("RGB")
+        rgb = to_rgb(upright(image))
         digest = hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode())
         digest.update(rgb.tobytes())
     return digest.hexdigest()
@@ -66,11 +71,12 @@ class ExactDedupe(Stage):
             return sha256_hex(data), None
         try:
             return pixels_sha256(data), None
-        except (OSError, ValueError, Image.DecompressionBombError):
+        except DECODE_ERRORS:
             return None, "decode_error"
 
     def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
-        live = live_rows(signatures, "sha256").select(["__key__", "sha256"])
+        live = live_rows(signatures, "sha256")
+        live = live.select([c for c in ("__key__", "sha256", *RANKED_BY) if c in live.column_names])
         if live.num_rows < 2:
             return {}  # nothing can repeat (also: every sample dropped before hashing)
         runner = runner or LocalRunner()
@@ -78,14 +84,14 @@ class ExactDedupe(Stage):
         blocks = [live.slice(a, b - a) for a, b in split_range(live.num_rows, 1 << 20)]
         mapper = partial(route_by_hash, partitions=partitions)
         decided: Decisions = {}
-        for table in runner.map_reduce(blocks, mapper, smallest_key_per_hash, partitions):
+        for table in runner.map_reduce(blocks, mapper, best_per_hash, partitions):
             keys, kept = table["__key__"].to_pylist(), table["kept"].to_pylist()
             decided.update(zip(keys, kept, strict=True))
         return {key: ("duplicate_exact", kept) for key, kept in decided.items()}
 
     def decide_plan(self) -> KeyedDecision:
         return KeyedDecision(
-            ("sha256",), route_by_hash, smallest_key_per_hash, "duplicate_exact", 112
+            ("sha256",), route_by_hash, best_per_hash, "duplicate_exact", 120, RANKED_BY
         )
 
 
@@ -101,10 +107,15 @@ def route_by_hash(block: pa.Table, partitions: int) -> list[pa.Table]:
     return split_by(block, route % partitions, partitions)
 
 
-def smallest_key_per_hash(tables: list[pa.Table]) -> pa.Table:
-    """(key, kept) for each row whose hash has a smaller key elsewhere in the partition."""
-    rows = pa.concat_tables(tables)
-    smallest = rows.group_by("sha256").aggregate([("__key__", "min")])
-    joined = rows.join(smallest.rename_columns(["sha256", "kept"]), "sha256")
-    dropped = joined.filter(pc.not_equal(joined["__key__"], joined["kept"]))
-    return dropped.drop_columns(["sha256"])  # key, kept, and where the row is (if routed)
+def best_per_hash(tables: list[pa.Table]) -> pa.Table:
+    """(key, kept) for each row whose hash has a better row (keep policy) in the partition,
+    with the row's place (`__part__`, `__index__`) where the rows were routed with it."""
+    rows = pa.concat_tables(tables, promote_options="permissive")
+    carried = rows.drop_columns([c for c in DROPPED if c in rows.column_names])
+    if rows.num_rows == 0:  # a reduce no row was routed to
+        return carried.append_column("kept", rows["__key__"])
+    hashes = pc.dictionary_encode(rows["sha256"].combine_chunks()).indices.to_numpy()
+    keeper = keepers(hashes, priority_rank(rows))
+    dropped = np.flatnonzero(keeper != np.arange(rows.num_rows))
+    kept = rows["__key__"].take(pa.array(keeper[dropped]))
+    return carried.take(pa.array(dropped)).append_column("kept", kept)  # + where rows are

@@ -27,7 +27,6 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-from PIL import Image
 from pydantic import Field
 
 from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
@@ -61,6 +60,7 @@ from stages.lib.hamming import (
 )
 from stages.lib.image_hash import image_signals
 from stages.lib.near_verify import candidate_entries, class_leaders, verify_pairs
+from stages.lib.pixels import DECODE_ERRORS
 
 log = logging.getLogger("mmcurate.near_dedupe")
 ENTRY_BYTES = 16  # one routed (hash, id) pair
@@ -101,7 +101,7 @@ class NearDedupe(Stage):
                 continue
             try:
                 full, crops, thumb, decoded = image_signals(picture, self.options.hash)
-            except (OSError, ValueError, Image.DecompressionBombError):
+            except DECODE_ERRORS:
                 reasons[row] = "decode_error"
                 continue
             width, height = original_size(batch.get("json"), row, decoded)

@@ -23,6 +23,7 @@ from PIL import Image
 
 from core.config_io import ConfigError
 from core.formats import CHECKPOINT_FORMAT
+from stages.lib.pixels import DECODE_ERRORS, to_rgb, upright
 
 
 def resolve_device(device: str) -> str:
@@ -161,9 +162,10 @@ def prepare_images(
         try:
             with Image.open(io.BytesIO(data)) as image:
                 image.draft("RGB", (side, side))
-                pixels.append(np.asarray(pil_transform(image.convert("RGB")), np.uint8))
+                picture = to_rgb(upright(image))
+                pixels.append(np.asarray(pil_transform(picture), np.uint8))
             reasons.append(None)
-        except (OSError, ValueError, Image.DecompressionBombError):
+        except DECODE_ERRORS:
             pixels.append(None)
             reasons.append("decode_error")
     return pixels, reasons

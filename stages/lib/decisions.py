@@ -29,6 +29,7 @@ class KeyedDecision:
     reduce: Callable[[list[pa.Table]], pa.Table]
     reason: str
     row_bytes: int = 64  # routed bytes per row (decides how many reduces)
+    optional: tuple[str, ...] = ()  # also read where the build has them (null where not)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ def priority_rank(table: pa.Table) -> np.ndarray:
     """rank[i] = position of row i in keep order (0 = keep first)."""
     sort_keys, columns = [], {}
     if "clip_score" in table.column_names:
-        columns["score"] = pc.fill_null(pc.cast(table["clip_score"], pa.float64()), -np.inf)
+        score = pc.cast(table["clip_score"], pa.float64())
+        columns["score"] = pc.fill_null(pc.if_else(pc.is_nan(score), -np.inf, score), -np.inf)
         sort_keys.append(("score", "descending"))
     if "width" in table.column_names and "height" in table.column_names:
         area = pc.multiply(

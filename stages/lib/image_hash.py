@@ -17,6 +17,8 @@ import io
 import numpy as np
 from PIL import Image
 
+from stages.lib.pixels import to_grey, upright
+
 PHASH_SIDE = 32
 LOW = 8
 INSETS = (0.015, 0.03)  # fractions cut from every side for the crop hashes
@@ -53,7 +55,8 @@ def grey_image(data: bytes, side: tuple[int, int]) -> tuple[Image.Image, tuple[i
     image = Image.open(io.BytesIO(data))
     size = image.size
     image.draft("L", (side[0] * 4, side[1] * 4))
-    image = grey_on_white(image) if image.mode in ("RGBA", "LA", "P", "PA") else image.convert("L")
+    image = upright(image)
+    image = grey_on_white(image) if image.mode in ("RGBA", "LA", "P", "PA") else to_grey(image)
     return image, size
 
 

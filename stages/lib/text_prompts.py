@@ -48,6 +48,8 @@ class ConceptOptions(Strict):
             value = getattr(self, field)
             if value is not None and not value:
                 raise ValueError(f"{field}: give at least one prompt")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min:g} is above max {self.max:g}: nothing would pass")
         return self
 
 

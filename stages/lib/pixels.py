@@ -1,0 +1,97 @@
+"""Decoded images as a viewer sees them, for every stage that looks at pixels (decode_image,
+exact_dedupe of pixels, the perceptual hashes, the CLIP model's input).
+
+- `upright`: the EXIF orientation applied. Only the orientation tag is read: Pillow's
+  `ImageOps.exif_transpose` also rewrites the rest of the EXIF block, and one odd tag there
+  (text in a number field) raised `struct.error`, which stopped the whole build.
+- `to_rgb` / `to_grey`: any mode to 8 bits. 16-bit, 32-bit and float grey are scaled by their
+  range; Pillow's own `convert` clips them (every 16-bit value over 255 became white, so
+  distinct 16-bit images all hashed alike), and float images came out black.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from PIL import Image
+
+# What Pillow's decoders raise on a damaged or hostile file (beyond OSError and ValueError, the
+# documented ones, its plugins let struct, index and key errors of a malformed header through):
+# a per-sample `decode_error`, never a failed task.
+DECODE_ERRORS = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    struct.error,
+    IndexError,
+    KeyError,
+    TypeError,
+    ZeroDivisionError,
+    Image.DecompressionBombError,
+)
+
+EXIF_ORIENTATION = 0x0112
+TRANSPOSE = {  # EXIF orientation -> the transpose that makes the image upright
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1, upright, when there is none or it cannot be read)."""
+    try:
+        value = image.getexif().get(EXIF_ORIENTATION, 1)
+    # Why broad: EXIF is a free-form block inside the file; a damaged one is not a damaged image.
+    except Exception:  # noqa: BLE001
+        return 1
+    return value if isinstance(value, int) and value in TRANSPOSE else 1
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """The image turned as its EXIF orientation says (a copy only when it must turn)."""
+    method = TRANSPOSE.get(orientation(image))
+    return image if method is None else image.transpose(method)
+
+
+def is_deep_grey(image: Image.Image) -> bool:
+    return image.mode in ("I", "F") or image.mode.startswith("I;16")
+
+
+def to_grey(image: Image.Image) -> Image.Image:
+    """Any mode to 8-bit grey; deep grey scaled by its range, not clipped."""
+    if not is_deep_grey(image):
+        return image.convert("L")
+    pixels = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=0.0)
+    white = grey_white(image.mode, float(pixels.max(initial=0)))
+    return Image.fromarray(np.clip(pixels * (255.0 / white), 0, 255).round().astype(np.uint8))
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any mode to 8-bit RGB: 16/32-bit and float grey is scaled (not clipped); alpha is
+    dropped."""
+    if image.mode == "RGB":
+        return image
+    if is_deep_grey(image):
+        return to_grey(image).convert("RGB")
+    if "A" in image.getbands() or image.mode == "P":
+        image = image.convert("RGBA")
+    return image.convert("RGB")
+
+
+def grey_white(mode: str, top: float) -> float:
+    """The value shown as white: a 16-bit mode's own 65,535; for 32-bit integer and float
+    grey, whose mode has no range, the smallest usual one holding the data (float: 1.0, then
+    255, then 65,535), never a range picked below the values (that turned them white)."""
+    if mode.startswith("I;16"):
+        return 65535.0
+    for white in ((1.0,) if mode == "F" else ()) + (255.0, 65535.0):
+        if top <= white:
+            return white
+    return top
