@@ -8,7 +8,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
-from stages.lib.text_count import CJK, tokens
+from stages.lib.text_count import NO_SPACES, tokens
 
 # Whole captions that are a generic word (alt-text boilerplate), after casefolding and
 # stripping surrounding punctuation and a trailing number ("image 3", "untitled-1").
@@ -89,6 +89,8 @@ URL = re.compile(
     r"[\w\-]+(?:\.[\w\-]+)*\.(?:com|net|org|io|co|de|cn|jp|uk|ru|info|biz)/?)$",
     re.IGNORECASE,
 )
+WORD_CHAR = re.compile(r"\w")
+WORD_RUN = re.compile(r"\w+")
 EDGE_PUNCT = " \t\n\"'`.,:;!?()[]{}<>«»“”‘’「」『』【】。，：；！？"
 
 
@@ -145,14 +147,63 @@ def repeated_fraction(caption: str) -> float:
     return 1.0 - len(set(units)) / len(units) if units else 0.0
 
 
-def blocklist_pattern(terms: Iterable[str]) -> re.Pattern[str] | None:
-    """One case-insensitive pattern: whole words for space-separated terms, substrings for
-    terms holding CJK characters (those scripts have no word boundaries); runs of whitespace
-    match as one space (the caption is matched the same way)."""
-    parts = []
-    for term in terms:
-        escaped = re.escape(" ".join(term.casefold().split()))
-        if not escaped:
-            continue
-        parts.append(escaped if CJK.search(term) else rf"(?<!\w){escaped}(?!\w)")
-    return re.compile("|".join(parts)) if parts else None
+class Blocklist:
+    """Words and phrases to drop captions for, matched case-insensitively with any run of
+    whitespace as one space (term and caption alike). A term in a script written without
+    spaces (CJK, Thai, Khmer, ...: `NO_SPACES`) matches anywhere as a substring; any other term
+    only as whole words: not preceded or followed by a word character (`\\w`), as the pattern
+    `(?<!\\w)term(?!\\w)` would find it.
+
+    A term that begins and ends with a word character can only match from the start of a run
+    of word characters to the end of one, spanning as many runs as it holds itself; so those
+    terms are looked up in a set, one slice of the caption per run and run count, in time
+    linear in the caption whatever the number of terms. The few others (beginning or ending
+    with punctuation, such as "c++" or "#ad") keep that pattern."""
+
+    def __init__(self, terms: Iterable[str]) -> None:
+        self.substrings: list[str] = []
+        self.by_runs: dict[int, set[str]] = {}  # word-run count -> terms
+        self.longest: dict[int, int] = {}  # word-run count -> longest term's length
+        others = []
+        for term in terms:
+            norm = " ".join(term.casefold().split())
+            if not norm:
+                continue
+            if NO_SPACES.search(term):
+                self.substrings.append(norm)
+            elif WORD_CHAR.match(norm[0]) and WORD_CHAR.match(norm[-1]):
+                runs = len(WORD_RUN.findall(norm))
+                self.by_runs.setdefault(runs, set()).add(norm)
+                self.longest[runs] = max(self.longest.get(runs, 0), len(norm))
+            else:
+                others.append(rf"(?<!\w){re.escape(norm)}(?!\w)")
+        self.others = re.compile("|".join(others)) if others else None
+
+    def __bool__(self) -> bool:
+        return bool(self.substrings or self.by_runs or self.others)
+
+    def matches(self, caption: str) -> bool:
+        text = " ".join(caption.casefold().split())
+        if any(term in text for term in self.substrings):
+            return True
+        if self.others is not None and self.others.search(text):
+            return True
+        return self.matches_whole_words(text) if self.by_runs else False
+
+    def matches_whole_words(self, text: str) -> bool:
+        """Whether a slice of `text` from the start of a word run to the end of a later one
+        (or the same) is a term with that many runs."""
+        spans = [m.span() for m in WORD_RUN.finditer(text)]
+        for runs, terms in self.by_runs.items():
+            longest = self.longest[runs]
+            for first in range(len(spans) - runs + 1):
+                start, end = spans[first][0], spans[first + runs - 1][1]
+                if end - start <= longest and text[start:end] in terms:
+                    return True
+        return False
+
+
+def blocklist(terms: Iterable[str]) -> Blocklist | None:
+    """The compiled blocklist, or None when it holds no term."""
+    compiled = Blocklist(terms)
+    return compiled if compiled else None
