@@ -242,10 +242,13 @@ class AlertsConfig(Strict):
         return value
 
 
+MAX_PROBE_BATCH = 2**24  # a rung past this is no batch size but a typo (and overflows torch)
+
+
 class ProbeConfig(Strict):
     """`mmcurate probe` (trainer/probe.py): the batch-size ladder and the sizing targets."""
 
-    batch_sizes: list[Annotated[int, Field(gt=0)]] = Field(  # the ladder
+    batch_sizes: list[Annotated[int, Field(gt=0, le=MAX_PROBE_BATCH)]] = Field(  # the ladder
         [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], min_length=1
     )
     steps: int = Field(3, gt=0)  # timed steps per rung (after one warm-up step)

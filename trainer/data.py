@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from core.formats import IMAGE_COLUMNS
@@ -40,6 +39,7 @@ from trainer.plan import (
 from trainer.reader import ShardReader
 from trainer.ring import Batches, Ring, RingLoader, SlotRef, batch_priority
 from trainer.transform import (  # noqa: F401 - decode_rgb and open_image: for importers
+    DECODE_ERRORS,
     ImageTransform,
     check_image_header,
     decode_rgb,
@@ -360,7 +360,7 @@ class ShardDataset(IterableDataset):
                 check_image_header(sample[column])
                 return torch.frombuffer(bytearray(sample[column]), dtype=torch.uint8), text
             return self.transform(sample[column]), text
-        except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):
+        except DECODE_ERRORS:
             return None  # Why: one bad sample must not stop training
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from core.config_io import ConfigError, Strict, add_overrides, load_yaml, one_line, validate
+from core.storage import check_reachable, filesystem, protocol_of, write_bytes_atomic
 from trainer.eval_data import ClassNames, EvalDataError, load_listing
 from trainer.manifest import ManifestError
 
@@ -151,39 +154,71 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(export_command(*args.export)))
             return 0
         cfg = load_eval_config(args.config, args.overrides)
-        if args.out:
-            check_out(args.out)  # before the evaluation, not after it
+        if args.out is not None:
+            check_out(args.out, cfg.storage_options)  # before the evaluation, not after it
         result = evaluate(cfg, progress=not args.no_progress)
     except (ConfigError, ManifestError, EvalDataError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     print(result_table(result))
-    if args.out:
-        try:
-            write_json(args.out, result)
-        except OSError as err:
-            print(f"error: --out {args.out}: cannot write: {err.strerror or err}", file=sys.stderr)
+    if args.out is not None:
+        if not write_out(args.out, result, cfg.storage_options):
             return 2
         print(f"  results: {args.out}")
     return 0
 
 
-def check_out(path: str) -> None:
-    """ConfigError when `--out` cannot become a file: it is a folder, or a part of its
-    folder is a file."""
-    target = Path(path).expanduser()
+def is_url(path: str) -> bool:
+    return protocol_of(path) not in ("file", "local")
+
+
+def local_path(path: str) -> Path:
+    return Path(path.removeprefix("file://")).expanduser()
+
+
+def is_special(target: Path) -> bool:
+    """A FIFO, a terminal, /dev/stdout (through links): written in place, never replaced."""
+    try:
+        mode = target.stat().st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def check_out(path: str, storage_options: dict | None = None, flag: str = "--out") -> None:
+    """ConfigError when `path` cannot become the output file: empty, a folder, a part of its
+    folder a file, a folder this process cannot create files in (a temporary file is made
+    there and removed), or a URL whose store does not answer."""
+    if not path.strip():
+        raise ConfigError(f"{flag}: empty (give a file name such as eval.json)")
+    if is_url(path):
+        check_reachable(path, storage_options or {}, f"{flag} {path}")
+        return
+    target = local_path(path)
     if target.is_dir():
-        raise ConfigError(f"--out {path}: is a directory (give a file name such as eval.json)")
-    folder = target.parent
+        example = "eval.json" if flag == "--out" else "model.pt"
+        raise ConfigError(f"{flag} {path}: is a directory (give a file name such as {example})")
+    if is_special(target):
+        if not os.access(target, os.W_OK):
+            raise ConfigError(f"{flag} {path}: not writable")
+        return
+    folder = Path(os.path.realpath(target)).parent  # a link: the folder of the file it names
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise ConfigError(f"--out {path}: {folder} is not a directory")
+        raise ConfigError(f"{flag} {path}: {folder} is not a directory")
+    try:
+        handle, name = tempfile.mkstemp(prefix=".mmcurate-check-", dir=folder)
+        os.close(handle)
+        os.unlink(name)
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot write in {folder}: {err.strerror}") from None
 
 
 def export_command(checkpoint: str, out: str) -> dict[str, Any]:
     from trainer.models import export_open_clip
 
+    check_out(out, flag="--export OUT")  # before the checkpoint is read
     return export_open_clip(checkpoint, out)
 
 
@@ -279,13 +314,39 @@ def result_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, result: dict[str, Any]) -> None:
-    """Written whole under a temporary name, then renamed: never half a document."""
-    target = Path(path).expanduser()
+def write_out(path: str, result: dict[str, Any], storage_options: dict | None) -> bool:
+    """`write_json`, or False after one line on stderr (`--out` of eval and probe)."""
+    from core.storage import storage_errors
+
+    try:
+        write_json(path, result, storage_options)
+    except storage_errors() as err:
+        reason = getattr(err, "strerror", None) or one_line(err) or type(err).__name__
+        print(f"error: --out {path}: cannot write: {reason}", file=sys.stderr)
+        return False
+    return True
+
+
+def write_json(path: str, result: dict[str, Any], storage_options: dict | None = None) -> None:
+    """Written whole under a temporary name, then renamed: never half a document. A URL goes
+    through fsspec (one PUT); a link is written through (the file it names is replaced, the
+    link stays); a FIFO or terminal is written in place."""
+    data = (json.dumps(result, indent=2) + "\n").encode()
+    if is_url(path):
+        fs, remote = filesystem(path, storage_options)
+        write_bytes_atomic(fs, remote, data)
+        return
+    target = local_path(path)
+    if is_special(target):
+        sys.stdout.flush()  # the table first, when the target is this process's stdout
+        with open(target, "wb") as out:
+            out.write(data)
+        return
+    target = Path(os.path.realpath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        tmp.write_bytes(data)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)  # no half-written temporary left beside the target

@@ -7,8 +7,12 @@ Sample fields (json member; names configurable):
   the `txt` member is the one caption.
 - `image_id`: samples sharing it show the same image; their captions are pooled. Within a shard
   the first decodable sample of an id carries the image, later ones reuse it (not decoded).
-- `label` (zero-shot): a class name, a key of the classnames mapping, or a class index; a
-  `cls` member is used when the json has none. In a folder, the class folder's name.
+  Ids are compared with their JSON type (1 and "1" are two images). Without one a sample is
+  its own image: keys are no identity (writers restart them per shard, a hand-written shard
+  may repeat one). Zero-shot samples never share an image.
+- `label` (zero-shot): a class name, a key of the classnames mapping, or a class index (an
+  integral number: 1.0 is class 1); surrounding spaces are ignored; a `cls` member is used
+  when the json has none. In a folder, the class folder's name (symlinked folders followed).
 Unusable samples are skipped and counted by reason (see DROP_REASONS).
 """
 
@@ -24,15 +28,14 @@ from typing import Any
 
 import torch
 import yaml
-from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from core.formats import IMAGE_COLUMNS, sample_meta
-from core.storage import filesystem, release_sessions, with_protocol
-from trainer.data import open_image
+from core.storage import filesystem, is_local, release_sessions, with_protocol
 from trainer.manifest import Manifest
 from trainer.plan import Segment
 from trainer.reader import ShardReader
+from trainer.transform import DECODE_ERRORS, open_image
 
 DROP_REASONS = {
     "unreadable": "its shard or file could not be read",
@@ -64,7 +67,7 @@ class Record:
     key: str
     has_image: bool = False  # its image is in the batch's tensor (else shared or dropped)
     captions: list[str] = field(default_factory=list)
-    group: str = ""  # the image's identity: json image_id, else the key
+    group: str = ""  # the image's identity: json image_id (with its type), else the position
     label: str | None = None
     drop: str | None = None
 
@@ -90,8 +93,7 @@ def parse_sample(
         return Record(position, "", drop="unreadable")
     meta = sample_meta(sample.get("json"))
     record = Record(position, str(sample.get("__key__", "")))
-    image_id = meta.get(fields.image_id) if fields.image_id else None
-    record.group = f"id:{image_id}" if isinstance(image_id, (str, int)) else f"key:{record.key}"
+    record.group = image_group(position, meta.get(fields.image_id) if fields.image_id else None)
     if task == "retrieval":
         record.captions = captions_of(sample, meta, fields)
         record.drop = None if record.captions else "no_caption"
@@ -102,6 +104,14 @@ def parse_sample(
         if not any(c in sample for c in IMAGE_SUFFIXES):
             record.drop = "no_image"
     return record
+
+
+def image_group(position: int, image_id: Any) -> str:
+    """A json image_id with its type (1 and "1" differ); without one the sample's position in
+    the set: unique, unlike keys, which writers restart per shard."""
+    if isinstance(image_id, (str, int)) and not isinstance(image_id, bool):
+        return f"id:{type(image_id).__name__}:{image_id}"
+    return f"pos:{position}"
 
 
 def captions_of(sample: dict[str, Any], meta: dict[str, Any], fields: Fields) -> list[str]:
@@ -117,8 +127,10 @@ def captions_of(sample: dict[str, Any], meta: dict[str, Any], fields: Fields) ->
 
 def label_of(sample: dict[str, Any], meta: dict[str, Any], fields: Fields) -> str | None:
     value = meta.get(fields.label)
+    if isinstance(value, float) and value.is_integer():  # 1.0: how pandas writes a gappy column
+        value = int(value)
     if isinstance(value, (str, int)) and not isinstance(value, bool):
-        return str(value)
+        return str(value).strip() or None
     if "cls" in sample:
         try:
             return sample["cls"].decode("utf-8").strip() or None
@@ -131,7 +143,7 @@ def decode_image(sample: dict[str, Any], transform: Callable) -> torch.Tensor | 
     column = next(c for c in IMAGE_SUFFIXES if c in sample)
     try:
         return transform(open_image(sample[column]))
-    except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):
+    except DECODE_ERRORS:
         return None
 
 
@@ -232,13 +244,34 @@ def folder_units(url: str, storage_options: dict[str, Any] | None) -> list[Folde
         raise EvalDataError(f"zeroshot.path: {url} is not a folder or a manifest.json")
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     found = []
-    for path in sorted(fs.find(root)):
+    for path in sorted(local_files(root) if is_local(fs) else fs.find(root)):
         rel = posixpath.relpath(path, root)
         if "/" in rel and rel.rpartition(".")[2].lower() in IMAGE_SUFFIXES:
             found.append((with_protocol(protocol, path), rel.split("/", 1)[0]))
     if not found:
         raise EvalDataError(f"zeroshot.path: no image files in class folders under {url}")
     return [FolderFile(path, label, i) for i, (path, label) in enumerate(found)]
+
+
+def local_files(root: str, above: frozenset[tuple[int, int]] = frozenset()) -> Iterator[str]:
+    """Every non-folder under a local `root`, entering symlinked folders as torchvision's
+    ImageFolder does (fsspec's local find does not); a link back to a folder above it (a
+    loop) is not entered again. Unreadable folders are left out."""
+    try:
+        info = os.stat(root)
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    here = above | {(info.st_dev, info.st_ino)}
+    for entry in entries:
+        try:
+            target = entry.stat() if entry.is_dir() else None  # both follow links
+        except OSError:
+            target = None
+        if target is None:
+            yield entry.path  # a dangling link too: counted as unreadable
+        elif (target.st_dev, target.st_ino) not in here:
+            yield from local_files(entry.path, here)
 
 
 def read_folder_files(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import pickle
 import posixpath
 import tempfile
@@ -27,8 +28,9 @@ import torch
 from core.config_io import ConfigError
 from core.model_configs import check_local_dir
 from core.model_configs import register as register_model_configs
-from core.storage import absolute, filesystem, is_local
+from core.storage import absolute, filesystem, is_local, storage_errors
 from trainer.checkpoint import (
+    checkpoint_step,
     is_train_checkpoint,
     latest_checkpoint,
     load_checkpoint,
@@ -225,10 +227,11 @@ def export_open_clip(
     """Write an `mmcurate train` checkpoint's weights as a file plain open_clip loads with
     `create_model_and_transforms(name, pretrained=out)`: {"state_dict": ..., "mmcurate":
     {"name", "step", "source"}}, plus "logit_bias" when SigLIP's bias had to be left out."""
+    check_export_target(checkpoint, out, storage_options)
     try:
         state = load_checkpoint(checkpoint, storage_options)
-    except (OSError, RuntimeError, ValueError) as err:
-        raise ConfigError(f"--export: cannot read {checkpoint}: {err}") from None
+    except (*LOAD_ERRORS, *storage_errors()) as err:
+        raise ConfigError(f"--export: cannot read {checkpoint}: {first_line(err)}") from None
     if not is_train_checkpoint(state):
         raise ConfigError(f"--export: {checkpoint} is not an `mmcurate train` checkpoint")
     name = state.get("config", {}).get("model", {}).get("name", "")
@@ -239,5 +242,48 @@ def export_open_clip(
     }
     if "logit_bias" in state["model"] and "logit_bias" not in weights:
         doc["logit_bias"] = state["model"]["logit_bias"]
-    save_checkpoint(out, doc, storage_options)
+    try:
+        save_checkpoint(out, doc, storage_options)
+    except (RuntimeError, *storage_errors()) as err:  # torch.save's failed writes: RuntimeError
+        raise ConfigError(f"--export: cannot write {out}: {first_line(err)}") from None
     return {"exported": out, "name": name, "step": state.get("step")}
+
+
+def check_export_target(checkpoint: str, out: str, storage_options: dict | None) -> None:
+    """ConfigError when the export would replace a training checkpoint: OUT is the
+    CHECKPOINT itself (through links too), or a `checkpoints/step-N.pt` that a resume or a
+    run folder given to eval would take for one."""
+    fs_in, path_in = filesystem(checkpoint, storage_options)
+    fs_out, path_out = filesystem(out, storage_options)
+    if is_local(fs_out):
+        path_out = os.path.realpath(path_out)
+    if is_local(fs_in) and is_local(fs_out):
+        same = os.path.realpath(path_in) == path_out
+        with contextlib.suppress(OSError):  # hard links
+            same = same or os.path.samefile(path_in, path_out)
+    else:
+        same = fs_in.protocol == fs_out.protocol and path_in.rstrip("/") == path_out.rstrip("/")
+    if same:
+        raise ConfigError(f"--export: OUT {out} is the checkpoint itself; write it elsewhere")
+    if is_step_file(path_out):
+        raise ConfigError(
+            f"--export: OUT {out} is where `mmcurate train` keeps a run's checkpoints "
+            "(a resume would load it as one); write it elsewhere"
+        )
+
+
+def is_step_file(path: str) -> bool:
+    """A `checkpoints/step-N.pt` path: what `latest_checkpoint` picks a run's newest from."""
+    try:
+        checkpoint_step(path)
+    except ValueError:
+        return False
+    return posixpath.basename(posixpath.dirname(path)) == "checkpoints"
+
+
+def first_line(err: BaseException) -> str:
+    """`Type: the message's first line`, for one-line errors."""
+    if isinstance(err, pickle.UnpicklingError):  # torch's own text is pages of advice
+        return "UnpicklingError: it holds more than tensors and plain values (no train checkpoint)"
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

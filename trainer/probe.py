@@ -218,7 +218,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """0 on success; 2 on a bad config or an unreadable manifest."""
+    """0 on success; 2 on a bad config, an unreadable manifest or an unwritable --out; 1 when
+    probing fails (one line on stderr)."""
     try:
         args = parse_args(argv)
     except SystemExit as stop:
@@ -226,24 +227,23 @@ def main(argv: list[str] | None = None) -> int:
     # Our progress lines at INFO; libraries (open_clip logs to the root logger) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("trainer").setLevel(logging.INFO)
-    from trainer.eval import check_out, write_json
+    from trainer.eval import check_out, write_out
 
     try:
         cfg = load_train_config(args.config, overrides(args))
-        if args.out:
-            check_out(args.out)  # before probing, not after it
+        if args.out is not None:
+            check_out(args.out, cfg.storage_options)  # before probing, not after it
         read_sources(cfg)  # fail fast on the data
         report = probe(cfg)
     except (ConfigError, ManifestError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # the ladder's process failed, a device error: one line
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 1
     print(table(report))
-    if args.out:
-        try:
-            write_json(args.out, report)
-        except OSError as err:
-            print(f"error: --out {args.out}: cannot write: {err.strerror or err}", file=sys.stderr)
-            return 2
+    if args.out is not None and not write_out(args.out, report, cfg.storage_options):
+        return 2
     return 0
 
 

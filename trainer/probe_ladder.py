@@ -18,6 +18,7 @@ cap bites at or a little before that much resident growth.)
 from __future__ import annotations
 
 import gc
+import logging
 import multiprocessing
 import resource
 import time
@@ -31,6 +32,7 @@ from trainer.config import TrainConfig
 from trainer.distributed import Dist
 from trainer.step import Parts, build_parts, guarded_step
 
+log = logging.getLogger("trainer.probe")
 CAPTION = "a photo of a cat sitting on a wooden table next to a cup of coffee"
 
 
@@ -39,11 +41,22 @@ def image_size(parts: Parts) -> tuple[int, int]:
     return (size, size) if isinstance(size, int) else tuple(size)
 
 
+class RungError(RuntimeError):
+    """A rung whose synthetic batch could not even be made (too large for torch's sizes or
+    for memory): recorded like a rung out of memory, ending the ladder."""
+
+
 def synthetic_batch(parts: Parts, tokenizer: Any, batch_size: int) -> Batch:
-    """Normalized random images and one tokenized caption repeated, on the device."""
+    """Normalized random images and one tokenized caption repeated, on the device; RungError
+    when torch cannot make them."""
     height, width = image_size(parts)
-    images = torch.randn(batch_size, 3, height, width, device=parts.device)
-    tokens = tokenizer([CAPTION] * batch_size).to(parts.device)
+    try:
+        images = torch.randn(batch_size, 3, height, width, device=parts.device)
+        tokens = tokenizer([CAPTION]).to(parts.device).repeat(batch_size, 1)
+    # Why these: sizes past int64 are a TypeError, storage overflow a RuntimeError.
+    except (RuntimeError, MemoryError, TypeError, ValueError, OverflowError) as err:
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
+        raise RungError(f"no batch of {batch_size}: {type(err).__name__}: {first}") from None
     return Batch(images, tokens, [str(i) for i in range(batch_size)])
 
 
@@ -72,7 +85,7 @@ def peak_memory(device: torch.device, baseline: int) -> int:
 
 
 def is_out_of_memory(err: BaseException) -> bool:
-    if isinstance(err, torch.cuda.OutOfMemoryError | MemoryError):
+    if isinstance(err, torch.cuda.OutOfMemoryError | MemoryError | RungError):
         return True
     text = str(err).lower()
     return isinstance(err, RuntimeError) and ("memory" in text or "alloc" in text)
@@ -159,8 +172,9 @@ def child_main(tree: dict[str, Any], threads: int, conn: Any) -> None:
         conn.send({"baseline_bytes": baseline})
         climb(parts, tokenizer, cfg, conn.send, baseline)
         conn.send({"done": True})
-    except Exception:  # reported to the parent, which survives it
-        conn.send({"failed": traceback.format_exc(limit=3)[-2000:]})
+    except Exception as err:  # reported to the parent, which survives it
+        last = traceback.format_exception_only(err)[-1].strip()
+        conn.send({"failed": last[:500], "traceback": traceback.format_exc(limit=3)[-2000:]})
     finally:
         conn.close()
 
@@ -184,7 +198,8 @@ def ladder_in_child(cfg: TrainConfig) -> tuple[list[dict[str, Any]], int | None]
         except EOFError:
             break
         if "failed" in message:
-            raise RuntimeError(f"probe: the ladder failed:\n{message['failed']}")
+            log.debug("probe: the ladder's process failed:\n%s", message.get("traceback"))
+            raise RuntimeError(f"probe: the ladder failed: {message['failed']}")
         finished = finished or "done" in message
         baseline = message.get("baseline_bytes", baseline)
         if "batch_size" in message:

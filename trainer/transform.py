@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import struct
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +29,23 @@ from torchvision.transforms.v2.functional import resized_crop
 from core.formats import FRAME_COLUMN
 
 RGB = ImageReadMode.RGB
+# What decoding a damaged or hostile image raises: Pillow's list of stages/lib/pixels.py (its
+# plugins let SyntaxError, EOFError, struct, index and key errors of a malformed file through;
+# the trainer may not import stages, tests/test_eval_hostile.py keeps the two in step) plus
+# RuntimeError (torchvision's decoders). One such image is a skipped sample, never a crash.
+DECODE_ERRORS = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    struct.error,
+    IndexError,
+    KeyError,
+    TypeError,
+    ZeroDivisionError,
+    RuntimeError,
+    Image.DecompressionBombError,
+)
 
 
 class ImageTransform:
@@ -175,7 +193,7 @@ def fast_step(step: Callable) -> Callable:
 def decode_or_none(data: bytes, device: torch.device) -> torch.Tensor | None:
     try:
         return decode_rgb(data).to(device)
-    except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):
+    except DECODE_ERRORS:
         return None
 
 
