@@ -112,6 +112,25 @@ def test_a_damaged_first_shard_is_skipped_and_every_batch_still_comes(
     assert sum(b.replaced for b in batches) == SIZES[bad]  # each sample of it was planned
 
 
+def test_each_batch_says_which_sample_filled_each_place(tmp_path, tiny_transform):
+    """Bug: the sample log ("an audit of what was trained on") listed the planned keys only,
+    so places filled by another sample showed samples never trained on. Batches now carry
+    `used`: the key each place really holds, taken from the batch's own usable samples."""
+    bad = first_shard()
+    manifest_path = write_uneven_shards(tmp_path, SIZES)
+    damage(tmp_path, bad, "truncated")
+    dataset = ShardDataset(
+        read_manifest(str(manifest_path)), *tiny_transform, batch_size=16, seed=SEED
+    )
+    batches = list(make_loader(dataset, 0))
+    filled = [b for b in batches if b.used is not None]
+    assert filled and all(b.replaced for b in filled)
+    for batch in batches:
+        used = batch.used or batch.keys
+        assert all(used) and not set(used) & keys_of(bad)
+        assert set(used) <= {key for key in batch.keys if key}
+
+
 def test_a_resume_that_starts_inside_a_damaged_shard_still_checks_it(tmp_path, tiny_transform):
     """Resumed after one batch, the worker starts 16 samples into the shard: it is still
     verified from its first byte (a flipped byte past the resume point is caught)."""
@@ -147,6 +166,12 @@ def train_tree(manifest: str, output: Path, **data) -> dict:
 def logged_keys(output: Path, rank: int = 0) -> list[list[str]]:
     lines = (output / "samples" / f"rank-{rank}.jsonl").read_text().splitlines()
     return [json.loads(line)["keys"] for line in lines]
+
+
+def logged_used(output: Path, rank: int = 0) -> list[list[str] | None]:
+    """Per step, the samples that really filled its places where some were replaced."""
+    lines = (output / "samples" / f"rank-{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line).get("used") for line in lines]
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["streamed", "cached"])
@@ -188,6 +213,9 @@ def test_a_resume_over_a_damaged_shard_continues_exactly(tmp_path):
     assert resumed["skipped_shards"] == whole["skipped_shards"] == 1
     # every step's planned samples ("" for those the damaged shard held), resume or not
     assert logged_keys(tmp_path / "parts") == logged_keys(tmp_path / "whole")
+    used = logged_used(tmp_path / "parts")
+    assert used == logged_used(tmp_path / "whole") and any(used)
+    assert all(key and key not in keys_of(bad) for step in used if step for key in step)
 
 
 def test_two_ranks_take_equal_steps_over_a_damaged_shard(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -17,6 +17,9 @@ class Batch(NamedTuple):
     # dataset's shards, each reported once per worker) and samples it replaced by others.
     skipped: tuple[int, ...] = ()
     replaced: int = 0
+    # The key of the sample each place really holds, where a place was filled by another
+    # sample of the batch (an unusable one replaced; "" for stand-ins); None: as `keys`.
+    used: list[str] | None = None
 
 
 class NoData(NamedTuple):
@@ -24,3 +27,15 @@ class NoData(NamedTuple):
     loader raises trainer.manifest.NoUsableData with this message in the training process."""
 
     message: str
+
+
+def used_keys(keys: list[str], items: list[Any]) -> list[str] | None:
+    """The key of the sample each place of a batch holds, as collate fills the places (an
+    unusable sample's place takes the usable one `i % usable` of the batch; "" where none
+    of the batch is usable); None when every planned sample is used."""
+    usable = [i for i, item in enumerate(items) if item is not None]
+    if len(usable) == len(items):
+        return None
+    if not usable:
+        return [""] * len(items)
+    return [keys[i if items[i] is not None else usable[i % len(usable)]] for i in range(len(items))]

@@ -1,15 +1,21 @@
 """A shard cache on local disk (NVMe), shared by every rank and loader worker on a node.
 
+- A copy is named by the shard's URL and its manifest sha256: a dataset rebuilt at the same URL
+  (new bytes, often the same size) is a miss, never the old copy.
 - One download per shard per node: a process takes the shard's lock file exclusively, checks
   again, downloads to a temporary file, checks its size and sha256 against the manifest
   (downloads again, at most `RETRIES` times, on a mismatch; then ShardCorrupt) and renames it
-  into place. A cached copy whose size is not the manifest's is downloaded again.
+  into place. A cached copy whose size is not the manifest's is downloaded again, and so is
+  one a reader found damaged (`discard_damaged`: its bytes hashed, removed when they differ).
 - In use: readers hold a shared lock on the shard's lock file while they read it; eviction
   only takes shards whose lock it can get exclusively at once.
 - Byte limit: under one cache-wide lock, least recently used shards not in use are removed
   until the new one fits; the cache exceeds its limit only while every older shard is in use.
+  Downloads in progress count toward the limit; those a killed process left (`.<name>.tmp-
+  <host>-<pid>-<thread>`: its pid gone from this host, or untouched for STALE_PARTIAL_S) are
+  removed then.
 - `prefetch(urls)` downloads the next shards in a background thread.
-Counters (`hits`, `misses`, `evictions`) are per process.
+Counters (`hits`, `misses`, `evictions`, `damaged`, `abandoned`) are per process.
 """
 
 from __future__ import annotations
@@ -18,16 +24,24 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from core.config_io import ConfigError
-from trainer.verify import RETRIES, ShardCorrupt, download_hashed, mismatch
+from trainer.verify import RETRIES, ShardCorrupt, copy_hashed, download_hashed, mismatch
 
 __all__ = ["RETRIES", "ShardCache", "ShardCorrupt", "check_cache_dir", "flocked"]
+
+# A partial download untouched this long is abandoned, whoever wrote it: on a cache folder
+# shared between hosts another host's pid cannot be checked (a live download writes often).
+STALE_PARTIAL_S = 6 * 3600
+HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
 
 
 @contextlib.contextmanager
@@ -59,15 +73,18 @@ class ShardCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.limit = limit_bytes
         self.storage_options = dict(storage_options or {})
-        self.hits = self.misses = self.evictions = 0
+        self.hits = self.misses = self.evictions = self.damaged = self.abandoned = 0
         self._prefetcher: ThreadPoolExecutor | None = None
         self._counter_lock = threading.Lock()
 
-    def name(self, url: str) -> str:
-        return hashlib.sha256(url.encode()).hexdigest()[:32] + ".tar"
+    def name(self, url: str, sha256: str | None = None) -> str:
+        """The copy's file name: by URL and sha256, so a shard rebuilt at the same URL is
+        another copy (a manifest without sha256 names it by URL alone)."""
+        key = f"{url}\0{sha256}" if sha256 else url
+        return hashlib.sha256(key.encode()).hexdigest()[:32] + ".tar"
 
-    def path(self, url: str) -> Path:
-        return self.folder / self.name(url)
+    def path(self, url: str, sha256: str | None = None) -> Path:
+        return self.folder / self.name(url, sha256)
 
     @contextlib.contextmanager
     def open(self, url: str, sha256: str | None, size: int) -> Iterator[Any]:
@@ -84,7 +101,7 @@ class ShardCache:
         raise ShardCorrupt(f"{url}: evicted again and again before it could be read")
 
     def fetch(self, url: str, sha256: str | None, size: int) -> Path:
-        path = self.path(url)
+        path = self.path(url, sha256)
         if self.holds(path, size):
             self.count("hits")
             return path
@@ -94,7 +111,7 @@ class ShardCache:
                 return path
             tmp = self.download(url, sha256, size, path)
             with flocked(self.folder / ".cache.lock", fcntl.LOCK_EX):
-                self.make_room(size, keep=path)
+                self.make_room(size, keep=path, own=tmp)
                 os.replace(tmp, path)
             self.count("misses")
         return path
@@ -107,7 +124,8 @@ class ShardCache:
         return False
 
     def download(self, url: str, sha256: str | None, size: int | None, path: Path) -> Path:
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        owner = f"{HOST}-{os.getpid()}-{threading.get_ident()}"
+        tmp = path.with_name(f".{path.name}.tmp-{owner}")
         problem = None
         try:
             for _ in range(RETRIES + 1):
@@ -129,16 +147,37 @@ class ShardCache:
             os.fsync(dst.fileno())
         return mismatch(sha256, size, *found)
 
-    def make_room(self, incoming: int, keep: Path) -> None:
-        """Evict least recently used shards that nobody holds until `incoming` fits."""
+    def make_room(self, incoming: int, keep: Path, own: Path | None = None) -> None:
+        """Evict least recently used shards that nobody holds until `incoming` fits beside
+        them and the other downloads in progress (abandoned ones are removed; `own` is the
+        incoming shard's)."""
+        used = self.partial_bytes(own)
         shards = [p for p in self.folder.glob("*.tar") if p != keep]
         sizes = {p: p.stat().st_size for p in shards}
-        used = sum(sizes.values())
+        used += sum(sizes.values())
         for shard in sorted(shards, key=lambda p: p.stat().st_mtime):
             if used + incoming <= self.limit:
                 return
             if self.try_evict(shard):
                 used -= sizes[shard]
+
+    def partial_bytes(self, own: Path | None) -> int:
+        """Bytes of the downloads other threads and processes have in progress; those a
+        stopped process left are deleted instead (under the cache lock)."""
+        total, now = 0, time.time()
+        for tmp in self.folder.glob(".*.tar.tmp-*"):
+            if tmp == own:
+                continue
+            try:
+                stat = tmp.stat()
+            except FileNotFoundError:  # finished (renamed) or removed just now
+                continue
+            if abandoned(tmp.name, now - stat.st_mtime):
+                tmp.unlink(missing_ok=True)
+                self.count("abandoned")
+            else:
+                total += stat.st_size
+        return total
 
     def try_evict(self, shard: Path) -> bool:
         fd = os.open(self.lock_path(shard), os.O_RDWR | os.O_CREAT, 0o644)
@@ -153,6 +192,29 @@ class ShardCache:
             return True
         finally:
             os.close(fd)
+
+    def discard_damaged(
+        self, url: str, sha256: str | None, size: int, copy: os.stat_result
+    ) -> bool:
+        """A read of the cached copy `copy` (its fstat) failed. True when its bytes are not
+        the manifest's (damaged on this disk): it is removed, the next open downloads the
+        shard again; also True when another process already replaced or removed it. False
+        when the copy is the manifest's shard (the shard itself is bad)."""
+        path = self.path(url, sha256)
+        try:
+            with open(path, "rb") as f:
+                if not same_file(os.fstat(f.fileno()), copy):
+                    return True
+                if mismatch(sha256, size, *copy_hashed(f, None)) is None:
+                    return False
+        except FileNotFoundError:
+            return True
+        with flocked(self.folder / ".cache.lock", fcntl.LOCK_EX):
+            with contextlib.suppress(FileNotFoundError):
+                if same_file(path.stat(), copy):
+                    path.unlink()
+                    self.count("damaged")
+        return True
 
     def lock_path(self, path: Path) -> Path:
         return path.with_name(f".{path.name}.lock")
@@ -176,4 +238,28 @@ class ShardCache:
             setattr(self, name, getattr(self, name) + 1)
 
     def counters(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions}
+        names = ("hits", "misses", "evictions", "damaged", "abandoned")
+        return {name: getattr(self, name) for name in names}
+
+
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def abandoned(name: str, age_s: float) -> bool:
+    """Whether the partial download `name` (`.<shard>.tmp-<host>-<pid>-<thread>`, or
+    `...tmp-<pid>-<thread>` as older versions wrote it, on this host) has no live writer:
+    untouched for STALE_PARTIAL_S, or written on this host by a process that is gone."""
+    if age_s > STALE_PARTIAL_S:
+        return True
+    owner = name.rpartition(".tmp-")[2].rsplit("-", 2)
+    host, pid = (owner[0], owner[1]) if len(owner) == 3 else (HOST, owner[0])
+    if host != HOST or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # PermissionError: alive, another user's
+        return False
+    return False

@@ -1,12 +1,19 @@
 """Atomic training checkpoints: `<output>/checkpoints/step-<N>.pt`, on a local disk or on object
-storage (any fsspec URL: s3://, gs://, ...)."""
+storage (any fsspec URL: s3://, gs://, ...).
+
+A local checkpoint is synced to disk before it is renamed into place, and its folder after,
+so a host that loses power keeps either the whole file or none. A resume reads them through
+`read_checkpoint`, which says in one line (CheckpointUnreadable) what torch cannot read."""
 
 from __future__ import annotations
 
+import errno
 import os
+import pickle
 import posixpath
 import re
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +23,12 @@ from core.formats import CHECKPOINT_FORMAT
 from core.storage import filesystem, is_local, join, put_file_atomic
 
 _NAME = re.compile(r"^step-(\d+)\.pt$")
+# What a resume needs in a training checkpoint (an open_clip export has none of them).
+TRAIN_KEYS = ("step", "model", "optimizer", "scheduler", "scaler", "loader")
+
+
+class CheckpointUnreadable(ValueError):
+    """A checkpoint file torch cannot load (truncated, empty, not a checkpoint at all)."""
 
 
 def checkpoint_path(output: str, step: int) -> str:
@@ -40,12 +53,22 @@ def save_checkpoint(
     try:
         torch.save(state, tmp)
         if local:
+            fsync(tmp)  # its bytes on disk before its name: never a short file under it
             os.replace(tmp, path)
+            fsync(folder)  # and the rename itself
         else:
             put_file_atomic(fs, str(tmp), path)
     finally:
         tmp.unlink(missing_ok=True)
     return url
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def checkpoint_step(url: str) -> int:
@@ -58,15 +81,21 @@ def checkpoint_step(url: str) -> int:
 
 def latest_checkpoint(output: str, storage_options: dict | None = None) -> str | None:
     """The checkpoint with the highest step in `<output>/checkpoints`, or None."""
+    found = list_checkpoints(output, storage_options)
+    return found[0] if found else None
+
+
+def list_checkpoints(output: str, storage_options: dict | None = None) -> list[str]:
+    """The checkpoints in `<output>/checkpoints`, newest (highest step) first."""
     folder = join(str(output), "checkpoints")
     fs, path = filesystem(folder, storage_options)
     fs.invalidate_cache(path)  # another run may have written since this process listed it
     try:
         names = [posixpath.basename(name) for name in fs.ls(path, detail=False)]
     except FileNotFoundError:
-        return None
-    found = [(int(m.group(1)), name) for name in names if (m := _NAME.match(name))]
-    return join(folder, max(found)[1]) if found else None
+        return []
+    found = sorted((int(m.group(1)), name) for name in names if (m := _NAME.match(name)))
+    return [join(folder, name) for _, name in reversed(found)]
 
 
 def checkpoint_exists(url: str, storage_options: dict | None = None) -> bool:
@@ -79,6 +108,36 @@ def load_checkpoint(url: str, storage_options: dict | None = None) -> dict[str, 
     with fs.open(path, "rb") as f:
         # weights_only: our checkpoints hold only tensors and plain Python values.
         return torch.load(f, map_location="cpu", weights_only=True)
+
+
+def read_checkpoint(url: str, storage_options: dict | None = None, lazy: bool = False) -> Any:
+    """load_checkpoint for a resume: CheckpointUnreadable, one line, for a file torch cannot
+    load. `lazy`: a local file's tensors are mapped, not read (a cheap check of the file)."""
+    fs, path = filesystem(str(url), storage_options)
+    if fs.size(path) == 0:
+        raise CheckpointUnreadable(f"{url} is unreadable (an empty file)")
+    try:
+        if is_local(fs):
+            mmap = lazy and zipfile.is_zipfile(path)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return load_checkpoint(url, storage_options)
+    # Why these: torch reports a damaged zip as RuntimeError, a cut pickle as EOFError, one
+    # it refuses (weights_only) as UnpicklingError, a seek past a cut file's end as EINVAL.
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, OSError) as err:
+        if isinstance(err, OSError) and err.errno != errno.EINVAL:
+            raise  # storage trouble (gone, denied, the network): not the file's fault
+        first = " ".join(str(err).split()).split(". ")[0][:160]
+        why = f"{type(err).__name__}: {first}" if first else type(err).__name__
+        if isinstance(err, OSError):
+            why = "cut short: a read past its end"
+        raise CheckpointUnreadable(f"{url} is unreadable ({why})") from None
+
+
+def missing_train_keys(state: Any) -> list[str]:
+    """What a resume needs that a loaded checkpoint lacks (all of it when not a dict)."""
+    if not isinstance(state, dict):
+        return list(TRAIN_KEYS)
+    return [key for key in TRAIN_KEYS if key not in state]
 
 
 def is_train_checkpoint(state: Any) -> bool:

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from core.formats import IMAGE_COLUMNS
-from trainer.batch import Batch, NoData
+from trainer.batch import Batch, NoData, used_keys
 from trainer.manifest import Manifest, NoUsableData, Shard
 from trainer.plan import (
     Layout,
@@ -276,14 +276,16 @@ class ShardDataset(IterableDataset):
             # A copy: `previous` may be a view into a ring slot that is reused later.
             images = previous.images
             images = list(images) if isinstance(images, list) else images.clone()
-            return Batch(images, previous.tokens.clone(), keys)
+            used = list(previous.used or previous.keys)
+            return Batch(images, previous.tokens.clone(), keys, used=used)
+        used = used_keys(keys, items)
         if not good:
             good = self.stand_ins(epoch)
         filled = [item if item is not None else good[i % len(good)] for i, item in enumerate(items)]
         images = [image for image, _ in filled]
         if not any(image.dim() == 1 for image in images):  # nothing left for the device
             images = self.stack(images, out[0] if out else None)
-        return Batch(images, self.tokenizer([text for _, text in filled]), keys)
+        return Batch(images, self.tokenizer([text for _, text in filled]), keys, used=used)
 
     def stand_ins(self, epoch: int) -> list[tuple[torch.Tensor, str]]:
         """Usable samples (a batch's worth at most) from the first shards, in manifest order,

@@ -6,11 +6,16 @@ is gone or unreadable, the tar is damaged) is skipped: named once in this proces
 unread samples come back as None (the loader replaces them, so every rank still yields its
 full, equal batches), and it is reported through `take_skipped`. A shard whose bytes did not
 match is not downloaded again by this process; other errors are tried again next time.
+
+A cached copy that cannot be read (a damaged tar) is hashed: when its bytes are not the
+manifest's (damaged on the node's disk) it is removed and the shard downloaded again, once per
+shard and process, and read on from the sample it stopped at (`refetches` counts these).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import IO, Any
@@ -47,6 +52,8 @@ class ShardReader:
         self.logged: set[int] = set()
         self.unreported: list[int] = []  # skipped shards not yet passed on by take_skipped
         self.skips = 0  # shard reads skipped in this process
+        self.refetched: set[int] = set()  # shards whose cached copy was found damaged
+        self.refetches = 0  # damaged cached copies downloaded again by this process
 
     def open(self, index: int) -> AbstractContextManager[IO[bytes]]:
         shard = self.shards[index]
@@ -76,14 +83,46 @@ class ShardReader:
         if index in self.corrupt:
             self.skip(index, self.corrupt[index])
             return
+        position = start
+        while True:
+            copy = None  # the cached copy being read (its fstat)
+            try:
+                with self.open(index) as f:
+                    copy = os.fstat(f.fileno()) if self.cache is not None else None
+                    for sample in iter_tar_samples(f, position, stop):
+                        yield sample
+                        position += 1
+                return
+            except ShardCorrupt as err:
+                self.corrupt[index] = str(err)
+                self.skip(index, str(err))
+                return
+            except read_errors() as err:  # the shard (or its storage) is at fault, not the code
+                why = f"{type(err).__name__}: {err}"
+                if copy is None or not self.refetch(index, copy, why):
+                    self.skip(index, why)
+                    return
+
+    def refetch(self, index: int, copy: os.stat_result, why: str) -> bool:
+        """Whether the cached copy that failed to read was damaged on this disk and is to be
+        downloaded again (at most once per shard in this process)."""
+        if self.cache is None or index in self.refetched:
+            return False
+        self.refetched.add(index)
+        url, sha256, size = self.entry(index)
         try:
-            with self.open(index) as f:
-                yield from iter_tar_samples(f, start, stop)
-        except ShardCorrupt as err:
-            self.corrupt[index] = str(err)
-            self.skip(index, str(err))
-        except read_errors() as err:  # the shard (or its storage) is at fault, not the code
-            self.skip(index, f"{type(err).__name__}: {err}")
+            damaged = self.cache.discard_damaged(url, sha256, size, copy)
+        except OSError as err:
+            log.warning("cannot check the cached copy of %s: %s", url, err)
+            return False
+        if damaged:
+            self.refetches += 1
+            log.warning(
+                "cached copy of shard %s is damaged (%s); downloading it again",
+                url,
+                " ".join(why.split()),
+            )
+        return damaged
 
     def skip(self, index: int, why: str) -> None:
         self.skips += 1

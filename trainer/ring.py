@@ -112,7 +112,9 @@ class Ring:
         tokens.copy_(batch.tokens)
         self.written += 1
         announce = None if self.announced else self
-        ref = SlotRef(announce, self.key, slot, batch.keys, batch.skipped, batch.replaced)
+        ref = SlotRef(
+            announce, self.key, slot, batch.keys, batch.skipped, batch.replaced, batch.used
+        )
         self.announced = True  # the tensors travel once, with the first message
         return ref
 
@@ -124,6 +126,7 @@ class SlotRef(NamedTuple):
     keys: list[str]
     skipped: tuple[int, ...] = ()  # as in Batch
     replaced: int = 0
+    used: list[str] | None = None
 
 
 class Done(NamedTuple):

@@ -135,10 +135,15 @@ class LogFiles:
                 self.board.add_scalar(name, row[name], row["step"])
             self.board.flush()
 
-    def write_keys(self, step: int, keys: list[str]) -> None:
-        """One sample-log line: the keys of the step's batches on this rank."""
+    def write_keys(self, step: int, keys: list[str], used: list[str] | None = None) -> None:
+        """One sample-log line: the planned keys of the step's batches on this rank, and,
+        when some places were filled by other samples of their batch, `used`: the key each
+        place really held ("" for a stand-in), so the log is an audit of what was trained on."""
         if self.samples:
-            self.samples.write(json.dumps({"step": step, "keys": keys}) + "\n")
+            line = {"step": step, "keys": keys}
+            if used is not None and used != keys:
+                line["used"] = used
+            self.samples.write(json.dumps(line) + "\n")
             self.samples.flush()
 
     def flush(self) -> None:

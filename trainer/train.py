@@ -183,7 +183,11 @@ class Trainer:
         for batch in group:
             state.skipped_shards.update(batch.skipped)
             state.replaced_samples += batch.replaced
-        self.files.write_keys(state.step, [key for batch in group for key in batch.keys])
+        self.files.write_keys(
+            state.step,
+            [key for batch in group for key in batch.keys],
+            [key for batch in group for key in (batch.used or batch.keys)],
+        )
         self.bar.update()
         if self.first_loss is None:
             self.first_loss = loss.item()

@@ -4,6 +4,8 @@ resume restores them so that the run continues with exactly the samples not yet 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import posixpath
 from dataclasses import dataclass, field
@@ -16,14 +18,18 @@ import torch.distributed as dist
 from core.config_io import ConfigError
 from trainer.checkpoint import (
     CHECKPOINT_FORMAT,
+    CheckpointUnreadable,
     checkpoint_exists,
     checkpoint_path,
-    latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
+    missing_train_keys,
+    read_checkpoint,
     save_checkpoint,
 )
 from trainer.config import TrainConfig
 from trainer.distributed import Dist, barrier, from_rank0
+from trainer.manifest import read_manifest
 from trainer.models import open_clip_state_dict
 from trainer.outputs import remove_run
 from trainer.step import Parts
@@ -34,6 +40,7 @@ log = logging.getLogger(__name__)
 LOADER_LAYOUT = (
     *("seed", "batch_size", "workers", "world", "shuffle_buffer", "accum_freq"),
     "manifest_samples",  # a changed manifest would change the plan
+    "manifest_digest",  # and so would other shards of the same total (older checkpoints: none)
 )
 
 
@@ -52,11 +59,27 @@ class LoopState:
     replaced_samples: int = 0
     skipped_steps: int = 0  # steps health skipped (non-finite), since the start of training
     restores: int = 0  # times health reloaded the last good checkpoint
+    manifest_digest: str | None = None  # the data's shards and weights (`manifest_digest`)
+
+
+def manifest_digest(cfg: TrainConfig) -> str:
+    """A digest of what the loader's plan is made of: every manifest's shards (names relative
+    to it, sample counts, sha256) and weight, `data.manifest` then `data.mix` in order."""
+    digest = hashlib.sha256()
+    sources = [(cfg.data.manifest, cfg.data.weight)]
+    sources += [(entry.manifest, entry.weight) for entry in cfg.data.mix]
+    for url, weight in sources:
+        manifest = read_manifest(url, cfg.storage_options)
+        folder = manifest.url.rsplit("/", 1)[0] + "/"
+        shards = [[s.url.removeprefix(folder), s.samples, s.sha256] for s in manifest.shards]
+        digest.update(json.dumps([weight, shards]).encode() + b"\n")
+    return digest.hexdigest()[:16]
 
 
 def loader_state(
     state: LoopState, cfg: TrainConfig, world: int, manifest_samples: int
 ) -> dict[str, Any]:
+    digest = {} if state.manifest_digest is None else {"manifest_digest": state.manifest_digest}
     return {
         "epoch": state.epoch,
         "batches_in_epoch": state.batches_in_epoch,
@@ -72,7 +95,7 @@ def loader_state(
         "replaced_samples": state.replaced_samples,
         "skipped_steps": state.skipped_steps,
         "restores": state.restores,
-    }
+    } | digest
 
 
 def data_totals(state: LoopState, place: Dist, shards: int) -> tuple[set[int], int]:
@@ -119,20 +142,32 @@ def save_state(
 
 
 def restore_state(
-    parts: Parts, path: str, cfg: TrainConfig, world: int, manifest_samples: int
+    parts: Parts,
+    path: str,
+    cfg: TrainConfig,
+    world: int,
+    manifest_samples: int,
+    digest: str | None = None,
 ) -> LoopState:
     """Load a checkpoint into `parts` and return where the data continues. Mid-epoch, the
-    loader layout must match the one that wrote it (else the plan would differ)."""
-    ckpt = load_checkpoint(path, cfg.storage_options)
+    loader layout must match the one that wrote it (else the plan would differ); `digest` is
+    the data's `manifest_digest` now (a checkpoint written without one is not compared)."""
+    ckpt = read_resumable(path, cfg)
     saved = ckpt["loader"]
-    now = loader_state(LoopState(), cfg, world, manifest_samples)
-    changed = [k for k in LOADER_LAYOUT if saved.get(k, now[k]) != now[k]]
+    now = loader_state(LoopState(manifest_digest=digest), cfg, world, manifest_samples)
+    changed = [k for k in LOADER_LAYOUT if k in saved and k in now and saved[k] != now[k]]
     if changed and saved.get("batches_in_epoch", 0):
         was = ", ".join(f"{k}={saved.get(k)}" for k in changed)
         got = ", ".join(f"{k}={now[k]}" for k in changed)
+        why = (
+            " (the shards of data.manifest and data.mix differ: names, sample counts, sha256 "
+            "or weights)"
+            if "manifest_digest" in changed
+            else ""
+        )
         raise ConfigError(
             f"run.resume: {posixpath.basename(path)} stopped mid-epoch with {was}; an exact "
-            f"resume needs the same loader layout (now {got})"
+            f"resume needs the same loader layout (now {got}){why}"
         )
     parts.core.load_state_dict(ckpt["model"])
     parts.optimizer.load_state_dict(ckpt["optimizer"])
@@ -148,7 +183,25 @@ def restore_state(
         replaced_samples=saved.get("replaced_samples", 0),
         skipped_steps=saved.get("skipped_steps", 0),
         restores=saved.get("restores", 0),
+        manifest_digest=digest,
     )
+
+
+def read_resumable(path: str, cfg: TrainConfig, lazy: bool = False) -> dict[str, Any]:
+    """A training checkpoint to resume from; ConfigError (one line) for one that torch cannot
+    read or that is not a training checkpoint (an exported model written over a step file)."""
+    try:
+        ckpt = read_checkpoint(path, cfg.storage_options, lazy=lazy)
+    except CheckpointUnreadable as err:
+        raise ConfigError(f"run.resume: {err}") from None
+    missing = missing_train_keys(ckpt)
+    if missing or not isinstance(ckpt["loader"], dict):
+        raise ConfigError(
+            f"run.resume: {path} is not an mmcurate train checkpoint (it lacks "
+            f"{', '.join(missing or ['loader state'])}); move it out of checkpoints/ to resume "
+            "from an older one"
+        )
+    return ckpt
 
 
 def reload_weights(parts: Parts, path: str, cfg: TrainConfig) -> None:
@@ -178,7 +231,8 @@ def previous_checkpoint(cfg: TrainConfig, output: str, place: Dist) -> str | Non
     up the old run's."""
     chosen, problem = None, None
     if place.rank == 0:
-        chosen = latest_checkpoint(output, cfg.storage_options)
+        found = list_checkpoints(output, cfg.storage_options)
+        chosen = found[0] if found else None
         if chosen and cfg.run.overwrite:
             chosen = None
         elif chosen and not cfg.run.resume:
@@ -187,6 +241,11 @@ def previous_checkpoint(cfg: TrainConfig, output: str, place: Dist) -> str | Non
                 f"{posixpath.basename(chosen)}); set run.resume=true to continue it or "
                 "run.overwrite=true to replace it"
             )
+        elif chosen:
+            try:
+                chosen = newest_intact(found, cfg)
+            except ConfigError as err:
+                problem = str(err)
     chosen, problem = from_rank0(place, chosen, problem)
     if problem:
         raise ConfigError(problem)
@@ -198,14 +257,32 @@ def previous_checkpoint(cfg: TrainConfig, output: str, place: Dist) -> str | Non
     return chosen
 
 
+def newest_intact(found: list[str], cfg: TrainConfig) -> str:
+    """The newest of `found` (newest first) that loads: an unreadable one (a stop or power
+    loss that cut it short) is passed over with a warning; ConfigError when none loads, or
+    when the newest that loads is not a training checkpoint."""
+    first_problem = None
+    for path in found:
+        try:
+            read_checkpoint(path, cfg.storage_options, lazy=True)
+        except CheckpointUnreadable as err:
+            first_problem = first_problem or f"run.resume: {err}"
+            log.warning("run.resume: %s; trying the next newest checkpoint", err)
+            continue
+        read_resumable(path, cfg, lazy=True)  # a readable file must be a train checkpoint
+        return path
+    raise ConfigError(f"{first_problem}; no older checkpoint is intact")
+
+
 def start_state(
     parts: Parts, previous: str | None, cfg: TrainConfig, place: Dist, manifest_samples: int
 ) -> LoopState:
     """A fresh state, or the one `previous` restores into `parts`. Rank 0 alone carries the
     earlier run's replaced samples on (the total is a sum over ranks)."""
+    digest = manifest_digest(cfg)
     if previous is None:
-        return LoopState()
-    state = restore_state(parts, previous, cfg, place.world, manifest_samples)
+        return LoopState(manifest_digest=digest)
+    state = restore_state(parts, previous, cfg, place.world, manifest_samples, digest)
     if place.rank:
         state.replaced_samples = 0
     return state
