@@ -254,6 +254,30 @@ def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:
         with_retries(lambda: fs.pipe_file(path, data))
 
 
+def create_bytes(fs: Any, path: str, data: bytes) -> None:
+    """Write a small file whole, only where none exists: FileExistsError where one does. On
+    file systems a temp copy is linked into place (a link fails where the name is taken; where
+    links are not supported it is renamed, as write_bytes_atomic). Object stores differ on
+    conditional writes, so there it is write_bytes_atomic: callers read the file back."""
+    if not is_local(fs):
+        write_bytes_atomic(fs, path, data)
+        return
+    fs.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:  # no hard links on this file system (some FUSE and network mounts)
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
 def write_parquet(
     table: pa.Table, url: str, storage_options: dict[str, Any], row_group_size: int | None = None
 ) -> None:

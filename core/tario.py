@@ -65,21 +65,29 @@ def split_member_name(name: str) -> tuple[str, str]:
     return key, ext.lower() if dot else ""
 
 
+# A sample's extensions whose members had no data to read: symlinks, hard links (tarfile's
+# stream mode cannot go back to their target), devices, FIFOs. Only with `links=True`.
+LINKS = "__links__"
+Member = tuple[str, Callable[[], bytes] | None]
+
+
 def iter_tar_samples(
-    fileobj: IO[bytes], start: int = 0, stop: int | None = None
+    fileobj: IO[bytes], start: int = 0, stop: int | None = None, links: bool = False
 ) -> Iterator[dict[str, Any]]:
     """Stream samples [start, stop) from a tar: dicts of `__key__` plus raw bytes per
-    extension. Earlier samples are skipped without keeping their data; reading ends at `stop`."""
-    return group_samples(tar_files(fileobj), start, stop)
+    extension. Earlier samples are skipped without keeping their data; reading ends at `stop`.
+    Members that are not files are skipped, as WebDataset does; with `links`, those that are
+    not folders are listed under LINKS in their sample (a sample of such members only, too)."""
+    return group_samples(tar_files(fileobj, links), start, stop)
 
 
 def group_samples(
-    files: Iterator[tuple[str, Callable[[], bytes]]], start: int = 0, stop: int | None = None
+    files: Iterator[Member], start: int = 0, stop: int | None = None
 ) -> Iterator[dict[str, Any]]:
     """Samples [start, stop) of a tar's (name, read) members: runs of one key. A member whose
     extension the run already has starts another sample of the same key (two samples written
     back to back under one key), which a build then counts as a duplicate_key, instead of
-    its bytes silently replacing the first's."""
+    its bytes silently replacing the first's. A member without `read` (a link) goes to LINKS."""
     index, key, seen, current = -1, None, set(), None
     for member, read in files:
         name, ext = split_member_name(member)
@@ -93,15 +101,18 @@ def group_samples(
             if index >= start:
                 current = {"__key__": name}
         seen.add(ext)
-        if current is not None:
+        if current is not None and read is None:
+            current.setdefault(LINKS, []).append(ext)
+        elif current is not None:
             current[ext] = read()
     if current is not None:
         yield current
 
 
-def tar_files(fileobj: IO[bytes]) -> Iterator[tuple[str, Callable[[], bytes]]]:
+def tar_files(fileobj: IO[bytes], links: bool = False) -> Iterator[Member]:
     """(name, read) of each regular file of a tar, in order, as tarfile's stream mode gives
     them: `read()` returns the member's bytes and is valid until the next member is drawn.
+    With `links`, also (name, None) for each member that is neither a file nor a folder.
 
     Why not tarfile for all of it: at ~0.05 ms a member its headers cost a loader worker 6-8%
     of a sample's work. A regular file's header is read here with tarfile's own field parsers
@@ -119,7 +130,7 @@ def tar_files(fileobj: IO[bytes]) -> Iterator[tuple[str, Callable[[], bytes]]]:
             raise tarfile.ReadError(CUT_HEADER)
         member = None if at_start and header.startswith(COMPRESSED) else regular_member(header)
         if member is None:
-            yield from library_files(header, fileobj, at_start)
+            yield from library_files(header, fileobj, at_start, links)
             return
         at_start = False
         name, size = member
@@ -199,8 +210,8 @@ def read_up_to(fileobj: IO[bytes], size: int) -> list[bytes]:
 
 
 def library_files(
-    header: bytes, rest: IO[bytes], at_start: bool
-) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    header: bytes, rest: IO[bytes], at_start: bool, links: bool = False
+) -> Iterator[Member]:
     """`tar_files` from `header` on, read by tarfile. Past the first member tarfile ends an
     archive at any header it cannot read and fails only on a broken extension record; the
     same here, except that only a zero block (or the end of the data at a block boundary)
@@ -219,6 +230,8 @@ def library_files(
         for member in tar:
             if member.isfile():
                 yield member.name, tar.extractfile(member).read
+            elif links and not member.isdir():
+                yield member.name, None
         if not (at_start and header.startswith(COMPRESSED)):  # positions are the file's
             check_last_header(stream, tar.offset, tar.fileobj.tell() - tar.offset)
 

@@ -39,31 +39,29 @@ from pipeline.config import BuildConfig, check_paths, check_ray_resources
 from pipeline.decide import decide
 from pipeline.groups import ROWS_PER_GROUP, Groups, plan_groups, scan_partitions
 from pipeline.layout import kept_starts, kept_tables, plan_layout, spans_spec
-from pipeline.publish import Publication, publish
+from pipeline.publish import MANIFEST, Publication, output_files, publish, shard_files
 from pipeline.raysession import connect, run_tasks
 from pipeline.raysession import runner as runtime_runner
 from pipeline.report import render_report
 from pipeline.resume import (
-    MANIFEST,
-    WORK_DIR,
     AlreadyBuilt,
+    Claim,
     build_identity,
     claim_output,
-    done_parts,
-    done_shards,
     drop_work,
     final_files,
-    output_files,
     record_files,
-    shard_files,
-    shard_marker,
-    signatures_name,
 )
 from pipeline.shards import (
     candidate_metadata,
     candidate_name,
+    done_parts,
+    done_shards,
+    mark,
     metadata_name,
+    part_marker,
     plan_metadata_fields,
+    shard_marker,
     write_shard,
 )
 from pipeline.signatures import signature_table
@@ -87,25 +85,39 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     parts = preflight(cfg, stages)
     identity = build_identity(cfg, parts)
     try:
-        claim_output(cfg, identity)
+        claim = claim_output(cfg, identity)
     except AlreadyBuilt as built:
         log.info("%s already holds this build; nothing to do", redact_text(cfg.output.path))
         return built.manifest
+    try:
+        return build_claimed(cfg, stages, parts, claim, progress)
+    except Exception:
+        if not claim.holds():  # another run took over (and its scratch replaced this one's)
+            raise claim.lost() from None
+        raise
+
+
+def build_claimed(
+    cfg: BuildConfig, stages: list[Stage], parts: list[dict], claim: Claim, progress: bool
+) -> dict[str, Any]:
+    """The phases and the commit, while this run holds output.path."""
     connect(cfg.ray)
     timer = PhaseTimer()
-    work_url = join(cfg.output.path, WORK_DIR)
+    work_url = claim.work_url
     # After the claim: staged copies of the source (gzip lists, huge row groups) are _work scratch.
     parts = stage_sources(parts, work_url, cfg.storage_options, partial(run_tasks, label="staging"))
-    timer.run("candidates", phase_a, cfg, stages, parts, work_url, progress)
+    timer.run("candidates", phase_a, cfg, stages, parts, claim, progress)
     groups, schema = signature_groups(cfg, parts, work_url)
     runner = LocalRunner() if sum(groups.rows) <= IN_PROCESS_ROWS else runtime_runner()
     final = timer.run("decide", decide, groups, stages, runner)
-    entries, layout = timer.run("shards", phase_c, cfg, groups, stages, final, runner, progress)
+    claim.check()  # another run's scratch may have replaced ours: stop before using it
+    args = (cfg, groups, stages, final, runner, claim, progress)
+    entries, layout = timer.run("shards", phase_c, *args)
     plan = Publication(
         cfg.output.path, final, schema, layout["kept_starts"], layout["shard_starts"]
     )
     stats = build_stats(merge_counts(layout["counts"]), stages)
-    args = (cfg, groups, plan, stats, entries, timer, identity, runner)
+    args = (cfg, groups, plan, stats, entries, timer, claim, runner)
     return timer.run("commit", commit, *args)
 
 
@@ -127,34 +139,46 @@ def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
 
 
 def phase_a(
-    cfg: BuildConfig, stages: list[Stage], parts: list[dict], work_url: str, progress: bool
+    cfg: BuildConfig, stages: list[Stage], parts: list[dict], claim: Claim, progress: bool
 ) -> None:
-    """Process the partitions not done by an earlier run (each writes its signatures file).
-    Model stages that want an actor pool get one for this phase."""
-    done = done_parts(work_url, cfg.storage_options)
+    """Process the partitions not done by an earlier run of this build (each writes its
+    signatures file). Model stages that want an actor pool get one for this phase."""
+    claim.check()
+    done = done_parts(claim)
     todo = [p for p in parts if p["part"] not in done]
     if done:
         log.info("resuming: %d of %d partitions already done", len(done), len(parts))
     encoders = start_pools(stages) if todo else {}  # stops its own pools if it fails
     try:
-        task = partial(partition_task, cfg=cfg, work_url=work_url, encoders=encoders)
-        run_tasks(todo, task, "partitions", progress, resources=cfg.ray.resources)
+        task = partial(partition_task, cfg=cfg, claim=claim, encoders=encoders)
+        held = run_tasks(todo, task, "partitions", progress, resources=cfg.ray.resources)
     finally:
         stop_pools(encoders)
+    stopped(claim, held)
+
+
+def stopped(claim: Claim, results: list) -> None:
+    """TookOver when another run took the claim (a task found it gone and stopped)."""
+    claim.check()
+    if None in results:
+        raise claim.lost()
 
 
 def partition_task(
-    part: dict, cfg: BuildConfig, work_url: str, encoders: dict[int, RemoteEncoder]
-) -> None:
+    part: dict, cfg: BuildConfig, claim: Claim, encoders: dict[int, RemoteEncoder]
+) -> int | None:
     """Ray task body: one partition, with the worker's stages; a model stage served by an
-    actor pool gets the pool's encoder, starting its turns at this partition."""
+    actor pool gets the pool's encoder, starting its turns at this partition. None (nothing
+    done) once another run holds the output."""
+    if not claim.holds():
+        return None
     stages = [
         stage.served_by(encoders[stage.index].starting_at(part["part"]))
         if stage.index in encoders
         else stage
         for stage in worker_stages(cfg)
     ]
-    process_partition(part, cfg, stages, work_url)
+    return process_partition(part, cfg, stages, claim)
 
 
 _WORKER_STAGES: dict[str, list[Stage]] = {}
@@ -170,21 +194,28 @@ def worker_stages(cfg: BuildConfig) -> list[Stage]:
     return _WORKER_STAGES[key]
 
 
-def process_partition(part: dict, cfg: BuildConfig, stages: list[Stage], work_url: str) -> int:
-    """Candidates, their metadata, then the signatures: written last, they mark it done."""
+def process_partition(
+    part: dict, cfg: BuildConfig, stages: list[Stage], claim: Claim
+) -> int | None:
+    """Candidates, their metadata, who wrote them (the marker), then the signatures: written
+    last, they mark it done. Written only while this run still holds the output (else None)."""
     rows: list[dict[str, Any]] = []
     chunks = iter_chunks(read_partition(part, cfg.storage_options), cfg.ray.batch_size)
     for chunk in run_chain(chunks, stages):
         rows.extend(
             dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)
         )
+    if not claim.holds():
+        return None
     live = [row for row in rows if row[DROP] is None]
+    work_url = claim.work_url
     folder = join(work_url, "candidates")
     spans = write_candidate(live, join(folder, candidate_name(part["part"])), cfg)
     for row, (offset, length) in zip(live, spans, strict=True):
         row["__offset__"], row["__bytes__"] = offset, length
     write_candidate_metadata(live, join(folder, metadata_name(part["part"])), cfg)
-    signatures_url = join(work_url, "signatures", signatures_name(part["part"]))
+    mark(claim, part_marker(work_url, part["part"]), {"part": part["part"]})
+    signatures_url = join(work_url, "signatures", f"part-{part['part']:06d}.parquet")
     write_parquet(signature_table(rows), signatures_url, cfg.storage_options)
     return len(rows)
 
@@ -251,6 +282,7 @@ def phase_c(
     stages: list[Stage],
     final: str,
     runner: Runner,
+    claim: Claim,
     progress: bool,
 ) -> tuple[list[dict], dict[str, list]]:
     """Write the final shards; returns manifest entries, where groups and shards start, and
@@ -263,11 +295,12 @@ def phase_c(
     fields = plan_metadata_fields(candidates, parts, cfg.storage_options, runner)
     starts = kept_starts(kept)
     specs = [spec | {"fields": fields} for spec in specs]  # one parquet schema for all shards
-    record_files(cfg, [name for spec in specs for name in shard_files(spec["name"])])
-    done = done_shards(groups.work_url, cfg.storage_options)
+    record_files(claim, [name for spec in specs for name in shard_files(spec["name"])])
+    done = done_shards(claim)
     todo = [s for s in specs if s["name"] not in done]
-    task = partial(shard_task, groups=groups, starts=starts, cfg=cfg)
+    task = partial(shard_task, groups=groups, starts=starts, cfg=cfg, claim=claim)
     entries = run_tasks(todo, task, "shards", progress)
+    stopped(claim, entries)
     entries += [done[s["name"]] for s in specs if s["name"] in done]
     layout = {
         "kept_starts": starts,
@@ -277,14 +310,17 @@ def phase_c(
     return sorted(entries, key=lambda e: e["name"]), layout
 
 
-def shard_task(spec: dict, groups: Groups, starts: list[int], cfg: BuildConfig) -> dict:
+def shard_task(
+    spec: dict, groups: Groups, starts: list[int], cfg: BuildConfig, claim: Claim
+) -> dict | None:
     """Ray task body: write one planned shard, then its marker (so a rerun skips it); returns
-    its manifest entry."""
+    its manifest entry. None (nothing written) once another run holds the output."""
+    if not claim.holds():
+        return None
     candidates = join(groups.work_url, "candidates")
     spec = spans_spec(spec, groups, starts)
     entry = write_shard(spec, candidates, cfg.output.path, cfg.storage_options)
-    fs, marker = filesystem(shard_marker(groups.work_url, entry["name"]), cfg.storage_options)
-    write_bytes_atomic(fs, marker, json.dumps(entry).encode())
+    mark(claim, shard_marker(groups.work_url, entry["name"]), entry)
     return entry
 
 
@@ -295,21 +331,21 @@ def commit(
     stats: dict[str, Any],
     entries: list[dict],
     timer: PhaseTimer,
-    identity: str,
+    claim: Claim,
     runner: Runner,
 ) -> dict[str, Any]:
     """Signatures, embeddings and stats, then the manifest (the commit marker), then drop the
     scratch. Every file is recorded before it is written; the manifest lists those that were."""
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
     expected = output_files([e["name"] for e in entries], groups.count)
-    record_files(cfg, [*expected, MANIFEST])
+    record_files(claim, [*expected, MANIFEST])
     publish(groups, plan, runner)
     stats["phases"] = dict(timer.seconds)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
-    manifest = manifest_document(entries, redact(json.loads(cfg.model_dump_json())), identity)
+    manifest = manifest_document(entries, redact(json.loads(cfg.model_dump_json())), claim.build_id)
     write_bytes_atomic(fs, join(out, "shardindex.json"), json.dumps(wids_index(entries)).encode())
     write_report(cfg, manifest)
-    manifest["files"] = final_files(cfg, expected)
+    manifest["files"] = final_files(claim, expected)  # TookOver if another run holds it now
     write_bytes_atomic(fs, join(out, MANIFEST), json.dumps(manifest, indent=2).encode())
     drop_work(fs, out)
     return manifest

@@ -1,13 +1,16 @@
-"""What makes a build resumable and what it may delete: its identity, its ledger, its markers.
+"""What makes a build resumable and what it may delete: its identity, its claim, its ledger.
 
-`_work/build.json` records the build's identity (the resolved config and the input plan) and
-its ledger: every file outside `_work/` it is about to write, recorded *before* writing. A
-finished build's manifest lists the files it wrote (`files`). Those records are the only
-files a later build deletes: a rerun with the same identity skips every partition whose
-signatures file exists and every shard whose marker exists; a different identity is refused
-unless `--overwrite`, which deletes exactly the recorded files. A finished build (manifest
-present) with the same identity is a no-op. Anything else in output.path belongs to someone
-else: refused unless `output.allow_other_files`, and never deleted or overwritten.
+`_work/build.json`, the claim: the build's identity (resolved config and input plan), the run
+holding it, the runs whose finished work it trusts, and its ledger: every file outside `_work/`
+it is about to write, recorded *before* writing; a finished build's manifest lists what it wrote
+(`files`). Only recorded files are ever deleted. A rerun of the same identity takes the claim
+over and skips each partition and shard whose marker names this build and a trusted run; another
+identity is refused unless `--overwrite` (deletes exactly the recorded files, trusts no earlier
+run); a finished build of the same identity is a no-op. A `_work/` without marker holding only
+names a build writes there is an interrupted build's scratch: cleared. Anything else belongs to
+someone else: refused unless `output.allow_other_files`, never deleted or overwritten. A run
+checks the claim is still its own before it trusts markers, records files, writes a task's
+results and commits; once another run took it over, it stops (TookOver, one line).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.config_io import ConfigError
-from core.formats import MANIFEST_FORMAT
 from core.redaction import redact
 from core.storage import (
+    create_bytes,
     files_in,
     filesystem,
     join,
@@ -30,20 +34,28 @@ from core.storage import (
     write_bytes_atomic,
 )
 from pipeline.config import BuildConfig
-from pipeline.embeddings import EMBEDDING_COLUMNS, ROWS_PER_FILE
-from pipeline.signatures import signatures_file
+from pipeline.publish import (
+    BUILD_ID,
+    MANIFEST,
+    PUBLISHED_FOLDERS,
+    RESERVED_FILES,
+    SHARD_PREFIX,
+    WORK_NAMES,
+    manifest_files,
+    ours_manifest,
+    safe_recorded,
+    temp_of,
+)
 
 WORK_DIR = "_work"
 BUILD_FILE = "build.json"
-MANIFEST = "manifest.json"
 TOOL = "mmcurate"
-# Names a build writes: a file there that no build of ours recorded would be overwritten.
-RESERVED_FILES = (MANIFEST, "stats.json", "report.html", "shardindex.json")
-RESERVED_FOLDERS = (WORK_DIR, "signatures", "embeddings")
-SHARD_PREFIX = "shard-"
-BUILD_ID = re.compile(r"[0-9a-f]{64}")
-ATOMIC_TMP = re.compile(r"(.+)\.tmp-[0-9a-f]{32}")  # storage.write_bytes_atomic's temp names
+RESERVED_FOLDERS = (WORK_DIR, *PUBLISHED_FOLDERS)
+RUN_ID = re.compile(r"[0-9a-f]{32}")
 MAX_RECORD_BYTES = 256 << 20  # a manifest or marker larger than this is not one of ours
+CLAIM_TRIES = 3
+HEAD_BYTES = 512  # where a marker holds its run id (before its ledger, which can be large)
+RUN_FIELD = re.compile(rb'"run": "([0-9a-f]{32})"')
 
 
 class AlreadyBuilt(Exception):
@@ -52,6 +64,10 @@ class AlreadyBuilt(Exception):
     def __init__(self, manifest: dict) -> None:
         super().__init__("already built")
         self.manifest = manifest
+
+
+class TookOver(ConfigError):
+    """Another run holds output.path now: this one stops (one line, as config errors)."""
 
 
 def build_identity(cfg: BuildConfig, parts: list[dict]) -> str:
@@ -64,6 +80,63 @@ def build_identity(cfg: BuildConfig, parts: list[dict]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One run's hold on output.path (plain data: it travels to tasks). `runs` are the runs
+    whose finished partitions and shards it trusts: itself and, when it resumes an interrupted
+    build of the same identity, the runs that worked on that build before."""
+
+    url: str
+    storage_options: dict[str, Any]
+    build_id: str
+    run: str
+    runs: tuple[str, ...]
+
+    @property
+    def work_url(self) -> str:
+        return join(self.url, WORK_DIR)
+
+    def check(self) -> dict:
+        """The marker while this run holds the claim; TookOver once another run took it (a run
+        id is never written twice, so a lost claim stays lost)."""
+        fs, out = filesystem(self.url, self.storage_options)
+        marker = ours_marker(read_json(fs, join(out, WORK_DIR, BUILD_FILE)))
+        if marker is None or marker["run"] != self.run:
+            raise self.lost()
+        return marker
+
+    def lost(self) -> TookOver:
+        return TookOver(
+            f"another build took over output.path {self.url} (a newer run, or --overwrite); "
+            "this run stopped before its manifest"
+        )
+
+    def holds(self) -> bool:
+        """`check` for tasks, from the marker's first bytes only: one small read."""
+        fs, out = filesystem(self.url, self.storage_options)
+        path = join(out, WORK_DIR, BUILD_FILE)
+        try:
+            head = with_retries(lambda: fs.cat_file(path, start=0, end=HEAD_BYTES))
+        except FileNotFoundError:
+            return False
+        found = RUN_FIELD.search(head)
+        return found is not None and found.group(1).decode() == self.run
+
+    def stamp(self) -> dict[str, str]:
+        """What a partition's or a shard's marker carries: which build and run wrote it."""
+        return {"build_id": self.build_id, "run": self.run}
+
+    def trusts(self, record: Any) -> bool:
+        ours = isinstance(record, dict) and record.get("build_id") == self.build_id
+        return ours and record.get("run") in self.runs
+
+    def marker(self, files: list[str], clearing: bool = False) -> dict[str, Any]:
+        """`_work/build.json` as this run writes it (while clearing: no build id, no runs);
+        the run id comes before the ledger, where `holds` reads it."""
+        build_id, runs = (None, []) if clearing else (self.build_id, list(self.runs))
+        return {"tool": TOOL, "build_id": build_id, "run": self.run, "runs": runs, "files": files}
+
+
 @dataclass
 class OutputState:
     """What output.path holds, as a starting build sees it (paths relative to it)."""
@@ -71,6 +144,7 @@ class OutputState:
     url: str
     manifest: dict | None = None  # a finished mmcurate build's manifest
     marker: dict | None = None  # an mmcurate build's _work/build.json: unfinished, or clearing
+    leftover: bool = False  # a _work/ without marker that holds only what a build writes there
     files: set[str] = field(default_factory=set)  # top level, and inside signatures/embeddings
     folders: set[str] = field(default_factory=set)  # top-level folder names
     sizes: dict[str, int] = field(default_factory=dict)
@@ -96,7 +170,7 @@ class OutputState:
         """Present files and folders no build of ours wrote (folders end in '/')."""
         names = self.files - self.owned()
         folders = self.folders - set(RESERVED_FOLDERS)
-        if WORK_DIR in self.folders and self.marker is None:
+        if WORK_DIR in self.folders and self.marker is None and not self.leftover:
             folders.add(WORK_DIR)
         return sorted(names | {f"{name}/" for name in folders})
 
@@ -107,90 +181,21 @@ def collides(rel: str) -> bool:
     return top in RESERVED_FILES or top in RESERVED_FOLDERS or top.startswith(SHARD_PREFIX)
 
 
-def in_namespace(rel: str) -> bool:
-    """Names a build records outside _work: the fixed files, shard-*, signatures/, embeddings/."""
-    top, _, rest = rel.partition("/")
-    if top in ("signatures", "embeddings"):
-        return bool(rest)
-    return not rest and (top in RESERVED_FILES or top.startswith(SHARD_PREFIX))
-
-
-def safe_recorded(names: Any) -> list[str]:
-    """Recorded names a build may delete: relative, inside our namespace, no `..` (a forged or
-    damaged record can never point a deletion anywhere else)."""
-    if not isinstance(names, list):
-        return []
-    ok = []
-    for name in names:
-        parts = name.split("/") if isinstance(name, str) else [""]
-        if all(p not in ("", ".", "..") for p in parts) and in_namespace(name):
-            ok.append(name)
-    return ok
-
-
-def temp_of(rel: str) -> str | None:
-    """`x` for `x.tmp-<uuid>` (an atomic write a crash interrupted), else None."""
-    match = ATOMIC_TMP.fullmatch(rel)
-    return match.group(1) if match else None
-
-
-def embedding_files(count: int) -> list[str]:
-    """Every name pipeline.embeddings may write for `count` file sets (one per group)."""
-    folders = [*EMBEDDING_COLUMNS.values(), "metadata"]
-    return [
-        f"embeddings/{f}/{f}_{i:04d}.{'parquet' if f == 'metadata' else 'npy'}"
-        for i in range(count)
-        for f in folders
-    ]
-
-
-def shard_files(name: str) -> list[str]:
-    """A final shard and its metadata parquet (pipeline.shards.write_shard)."""
-    return [name, name.removesuffix(".tar") + ".parquet"]
-
-
-def output_files(shards: list[str], groups: int) -> list[str]:
-    """Every file (but the manifest) a build with these shards and signature groups may write."""
-    fixed = ["stats.json", "shardindex.json", "report.html"]
-    fixed += [signatures_file(g) for g in range(max(1, groups))]
-    return fixed + embedding_files(groups) + [f for name in shards for f in shard_files(name)]
-
-
-def manifest_files(manifest: dict) -> set[str]:
-    """What a finished build wrote: its `files` record, or for a manifest from before that
-    record existed, the names such a build wrote (one signatures file, embeddings per 1M)."""
-    if "files" in manifest:
-        return {MANIFEST, *safe_recorded(manifest["files"])}
-    shards = manifest.get("shards")
-    names = (
-        [e.get("name") for e in shards if isinstance(e, dict)] if isinstance(shards, list) else []
-    )
-    samples = manifest.get("samples")
-    rows = samples if isinstance(samples, int) and samples > 0 else 0
-    derived = output_files([n for n in names if isinstance(n, str)], 0)
-    derived += embedding_files(-(-rows // ROWS_PER_FILE))
-    return {MANIFEST, *safe_recorded(derived)}
-
-
-def ours_manifest(value: Any) -> dict | None:
-    """The manifest if an mmcurate build wrote it (format and build id), else None."""
-    if isinstance(value, dict) and value.get("format") == MANIFEST_FORMAT:
-        build_id = value.get("build_id")
-        if isinstance(build_id, str) and BUILD_ID.fullmatch(build_id):
-            return value
-    return None
-
-
 def ours_marker(value: Any) -> dict | None:
-    """`_work/build.json` normalized to {build_id, files} if an mmcurate build wrote it."""
+    """`_work/build.json` normalized to {build_id, run, runs, files} if an mmcurate build
+    wrote it (a marker from before runs were recorded has none: its work is not trusted)."""
     if not isinstance(value, dict):
         return None
     build_id = value.get("build_id")
     valid_id = isinstance(build_id, str) and BUILD_ID.fullmatch(build_id) is not None
     if value.get("tool") == TOOL and (valid_id or build_id is None):
-        return {"build_id": build_id, "files": safe_recorded(value.get("files", []))}
+        run, runs = value.get("run"), value.get("runs")
+        runs = [r for r in runs if RUN_ID.fullmatch(str(r))] if isinstance(runs, list) else []
+        run = run if RUN_ID.fullmatch(str(run)) else None
+        files = safe_recorded(value.get("files", []))
+        return {"build_id": build_id, "run": run, "runs": runs, "files": files}
     if "tool" not in value and valid_id:  # written before markers named their tool
-        return {"build_id": build_id, "files": []}
+        return {"build_id": build_id, "run": None, "runs": [], "files": []}
     return None
 
 
@@ -227,25 +232,54 @@ def inspect_output(fs: Any, out: str, url: str) -> OutputState:
         elif name:
             state.files.add(name)
             state.sizes[name] = entry.get("size") or 0
-    for folder in sorted(state.folders & {"signatures", "embeddings"}):
+    for folder in sorted(state.folders & set(PUBLISHED_FOLDERS)):
         state.files |= {relative(p, out) for p in files_in(fs, join(out, folder))}
     if MANIFEST in state.files:
         value = read_json(fs, join(out, MANIFEST), state.sizes[MANIFEST])
         state.manifest = ours_manifest(value)
     if WORK_DIR in state.folders:
         state.marker = ours_marker(read_json(fs, join(out, WORK_DIR, BUILD_FILE)))
+        state.leftover = state.marker is None and only_scratch(fs, join(out, WORK_DIR))
     return state
 
 
-def claim_output(cfg: BuildConfig, identity: str) -> None:
-    """Make output.path ours: fresh, resumable, complete (AlreadyBuilt) or refused. Deletes
-    only what an earlier mmcurate build recorded: with --overwrite, or to finish clearing
-    what an interrupted --overwrite had started to delete."""
+def only_scratch(fs: Any, work: str) -> bool:
+    """Whether `_work/` holds nothing but names a build writes there (nothing at all, too): an
+    interrupted build's scratch whose marker is gone (killed while writing its first marker or
+    while dropping `_work/` after the commit; or a run that wrote on after another finished)."""
+    fs.invalidate_cache(work)
+    names = [relative(p, work) for p in fs.find(work, withdirs=True)]
+    return all(WORK_NAMES.fullmatch(name) for name in names if name)
+
+
+def claim_output(cfg: BuildConfig, identity: str, run: str | None = None) -> Claim:
+    """Make output.path this run's: fresh, resumed, complete (AlreadyBuilt) or refused. Deletes
+    only what an earlier mmcurate build recorded (with --overwrite, or to finish clearing what
+    an interrupted --overwrite had started to delete) and an interrupted build's scratch."""
+    run = run or uuid.uuid4().hex
+    for _ in range(CLAIM_TRIES):
+        try:
+            claim = take_output(cfg, identity, run)
+        except FileExistsError:
+            continue  # another run made its marker after this one looked: look again
+        claim.check()  # read back: on object stores the last of two racing writes holds it
+        return claim
+    raise TookOver(f"output.path: {cfg.output.path}: other builds keep claiming it; try again")
+
+
+def take_output(cfg: BuildConfig, identity: str, run: str) -> Claim:
+    """One look at output.path and the claim it allows. Where no marker was, it is created only
+    if still absent (local disks: FileExistsError if another run made one since); a resumed
+    build's marker is replaced, which takes the build over from a run that may still be going.
+    Object stores differ on conditional writes, so there two runs that start together may both
+    write; the read-back in `claim_output`, or the loser's next check, stops the one whose
+    write landed first. What remains: a run that checked just before the claim moved on still
+    finishes the one write it was making (a partition's or a shard's files)."""
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
     state = inspect_output(fs, out, cfg.output.path)
     overwrite = cfg.output.overwrite
     if state.manifest is not None and state.previous == identity and not overwrite:
-        if state.marker is not None:  # scratch a crash right after the commit left behind
+        if state.marker is not None or state.leftover:  # scratch left after the commit
             drop_work(fs, out)
         raise AlreadyBuilt(state.manifest)
     refuse_foreign(state, cfg.output.allow_other_files)
@@ -254,15 +288,19 @@ def claim_output(cfg: BuildConfig, identity: str) -> None:
         if state.manifest is None:
             what = "holds an unfinished build of another config or input"
         raise ConfigError(f"output.path: {cfg.output.path} {what}; pass --overwrite")
-    if state.manifest is None and state.previous == identity and not overwrite:
-        return  # an interrupted build of this very config and input: resume it
+    resume = state.manifest is None and state.previous == identity and not overwrite
+    old = state.marker if resume and state.marker is not None else {"runs": [], "files": []}
+    claim = Claim(cfg.output.path, cfg.storage_options, identity, run, (*old["runs"], run))
+    create = state.marker is None  # no marker there: make one only if there is still none
     try:
-        if state.manifest is not None or state.marker is not None:
-            clear_build(fs, out, state)
-        write_marker(fs, out, identity, [])
+        if not resume and (state.manifest or state.marker or state.leftover):
+            clear_build(fs, out, state, claim.marker(sorted(state.recorded()), True), create)
+            create = False
+        write_marker(fs, out, claim.marker(old["files"]), create)
     except (PermissionError, FileNotFoundError, NotADirectoryError) as err:
         # a read-only folder, a dangling link: the first write says so, in one line
         raise ConfigError(f"output.path: {cfg.output.path}: cannot write there ({err})") from None
+    return claim
 
 
 def refuse_foreign(state: OutputState, allowed: bool) -> None:
@@ -287,11 +325,12 @@ def listing(names: list[str]) -> str:
     return ", ".join(names[:3]) + more
 
 
-def clear_build(fs: Any, out: str, state: OutputState) -> None:
+def clear_build(fs: Any, out: str, state: OutputState, clearing: dict, create: bool) -> None:
     """Delete a previous build's recorded files, manifest first so no reader sees a half-deleted
-    build; its records move to the marker first, so a crash midway loses track of nothing."""
+    build; its records move to the marker (`clearing`) first, so a crash midway loses track of
+    nothing, and a run still writing there finds its claim gone."""
     owned = state.owned()
-    write_marker(fs, out, None, sorted(state.recorded()))
+    write_marker(fs, out, clearing, create)
     if MANIFEST in owned:
         fs.rm_file(join(out, MANIFEST))
     rest = [join(out, name) for name in sorted(owned - {MANIFEST})]
@@ -328,59 +367,32 @@ def drop_work(fs: Any, out: str) -> None:
     remove_tree(fs, join(out, WORK_DIR))
 
 
-def write_marker(fs: Any, out: str, build_id: str | None, files: list[str]) -> None:
-    record = {"tool": TOOL, "build_id": build_id, "files": files}
-    write_bytes_atomic(fs, join(out, WORK_DIR, BUILD_FILE), json.dumps(record).encode())
+def write_marker(fs: Any, out: str, record: dict, create: bool = False) -> None:
+    """`_work/build.json`; with `create`, only where there is none yet (FileExistsError)."""
+    write = create_bytes if create else write_bytes_atomic
+    write(fs, join(out, WORK_DIR, BUILD_FILE), json.dumps(record).encode())
 
 
-def record_files(cfg: BuildConfig, names: list[str]) -> None:
-    """Add `names` (relative to output.path) to the ledger, before the build writes them."""
-    fs, out = filesystem(cfg.output.path, cfg.storage_options)
-    marker = ours_marker(read_json(fs, join(out, WORK_DIR, BUILD_FILE)))
-    if marker is None or marker["build_id"] is None:
-        raise RuntimeError(f"{cfg.output.path}: the build's marker _work/build.json is gone")
+def record_files(claim: Claim, names: list[str]) -> None:
+    """Add `names` (relative to output.path) to the ledger, before the build writes them. (A
+    claim taken between the check and the write is overwritten: that run stops at its next.)"""
+    marker = claim.check()
     files = sorted({*marker["files"], *names})
     if files != marker["files"]:
-        write_marker(fs, out, marker["build_id"], files)
+        fs, out = filesystem(claim.url, claim.storage_options)
+        write_marker(fs, out, claim.marker(files))
 
 
-def final_files(cfg: BuildConfig, expected: list[str]) -> list[str]:
-    """Before the manifest: the expected files that exist (the manifest's record); recorded
-    leftovers that are not among them (temp copies of interrupted writes) are deleted."""
-    fs, out = filesystem(cfg.output.path, cfg.storage_options)
-    state = inspect_output(fs, out, cfg.output.path)
+def final_files(claim: Claim, expected: list[str]) -> list[str]:
+    """Before the manifest, while this run holds the output (else TookOver): the expected
+    files that exist (the manifest's record); recorded leftovers that are not among them (temp
+    copies of interrupted writes) are deleted."""
+    fs, out = filesystem(claim.url, claim.storage_options)
+    state = inspect_output(fs, out, claim.url)
+    if state.marker is None or state.marker["run"] != claim.run:
+        raise claim.lost()
     final = sorted(set(expected) & state.files)
     stale = sorted(state.owned() - set(final) - {MANIFEST})
     if stale:
         fs.rm([join(out, name) for name in stale])
     return final
-
-
-def signatures_name(part: int) -> str:
-    return f"part-{part:06d}.parquet"
-
-
-def done_parts(work_url: str, storage_options: dict) -> set[int]:
-    """Partitions whose signatures (their task's last write) exist."""
-    fs, folder = filesystem(join(work_url, "signatures"), storage_options)
-    fs.invalidate_cache(folder)  # other processes wrote there: never trust a cached listing
-    if not fs.exists(folder):
-        return set()
-    return {
-        int(p.rpartition("-")[2].split(".")[0]) for p in fs.glob(join(folder, "part-*.parquet"))
-    }
-
-
-def shard_marker(work_url: str, name: str) -> str:
-    return join(work_url, "shards", name.replace(".tar", ".json"))
-
-
-def done_shards(work_url: str, storage_options: dict) -> dict[str, dict]:
-    """Manifest entries of final shards already written (their marker exists)."""
-    fs, folder = filesystem(join(work_url, "shards"), storage_options)
-    fs.invalidate_cache(folder)
-    if not fs.exists(folder):
-        return {}
-    paths = fs.glob(join(folder, "shard-*.json"))
-    entries = [json.loads(blob) for blob in fs.cat(paths).values()] if paths else []
-    return {entry["name"]: entry for entry in entries}

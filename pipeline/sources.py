@@ -21,13 +21,16 @@ from core.storage import (
     filesystem,
     find_versions,
     is_glob,
+    is_local,
+    local_version,
     matching,
     protocol_of,
+    store_version,
     transient_errors,
     with_protocol,
     with_retries,
 )
-from core.tario import EXT_ALIASES, iter_tar_samples, safe_key, text_name
+from core.tario import EXT_ALIASES, LINKS, iter_tar_samples, safe_key, text_name
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
 from pipeline.source_urls import plan_urls, read_urls
@@ -162,16 +165,35 @@ def sidecar_meta(data: bytes, source: str) -> tuple[str, bool]:
 
 
 def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """One partition per tar matched by the glob (sorted, so order is deterministic)."""
+    """One partition per tar matched by the glob (sorted, so order is deterministic). Each
+    carries `inputs`, the tar's size and version (modification time, ETag), so a tar changed
+    in place changes the build identity."""
     fs, pattern = filesystem(cfg.path, storage_options)
-    tars = [t for t in matching(fs, pattern) if fs.isfile(t)]
+    tars = tar_versions(fs, pattern)
     if not tars:
         raise ConfigError(f"source.path: no tar files match {cfg.path}")
     protocol = protocol_of(cfg.path)
     return [
-        {"kind": "webdataset", "part": i, "tar": t, "protocol": protocol}
-        for i, t in enumerate(tars)
+        {"kind": "webdataset", "part": i, "tar": t, "protocol": protocol, "inputs": tars[t]}
+        for i, t in enumerate(sorted(tars))
     ]
+
+
+def tar_versions(fs: Any, pattern: str) -> dict[str, str]:
+    """The files `pattern` names, each with its version "size:tag" (as `find_versions`): on a
+    local disk one stat each, on a store what its listing says (no request per file)."""
+    if is_local(fs):
+        return {t: local_version(t) for t in matching(fs, pattern) if fs.isfile(t)}
+    fs.invalidate_cache()  # a listing cached in this process would hide a replaced tar
+    if is_glob(fs, pattern):
+        found = fs.glob(pattern, detail=True)
+    else:
+        found = {pattern: fs.info(pattern)} if fs.isfile(pattern) else {}
+    return {
+        path: f"{info.get('size')}:{store_version(info)}"
+        for path, info in found.items()
+        if info.get("type") == "file"
+    }
 
 
 def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
@@ -196,7 +218,7 @@ def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Co
 def stream_tar(fs: Any, path: str, part: dict[str, Any], batch: Columns) -> None:
     seen: set[str] = set()
     with fs.open(path, "rb") as fileobj:
-        for index, raw in enumerate(iter_tar_samples(fileobj)):
+        for index, raw in enumerate(iter_tar_samples(fileobj, links=True)):
             sample = tar_sample(raw, part, index)
             if sample["__key__"] in seen:  # members of one key not adjacent, or repeated
                 sample.update({DROP: "duplicate_key", DROP_STAGE: SOURCE})
@@ -226,7 +248,9 @@ CARRIED = (*IMAGE_COLUMNS, *VIDEO_COLUMNS, "cls")  # tar members copied as they 
 def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[str, Any]:
     """A WebDataset sample. One with none of the members a build carries (images, videos,
     txt, json, cls; e.g. only `.npy`) is dropped as no_members: written, it would be a
-    sample with no files that the manifest counts and readers never see."""
+    sample with no files that the manifest counts and readers never see. One with a member
+    that is a link (symbolic or hard; or a device, a FIFO), whose data a stream cannot read,
+    is dropped as link_member: kept, it would silently lack that member."""
     sample = {col: raw.get(col) for col in CARRIED}
     key = safe_key(raw["__key__"])
     sample.update(
@@ -244,6 +268,8 @@ def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[st
     reason = reason or (None if meta_ok else "bad_json")
     if all(raw.get(col) is None for col in (*CARRIED, "txt", "json")):
         reason = "no_members"
+    if raw.get(LINKS):
+        reason = "link_member"
     if reason:
         sample.update({DROP: reason, DROP_STAGE: SOURCE})
     return sample
