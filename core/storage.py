@@ -239,10 +239,42 @@ def open_atomic(fs: Any, path: str) -> Iterator[IO[bytes]]:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)  # only when the block raised: a renamed file is gone
         return
-    with tempfile.NamedTemporaryFile(prefix="mmcurate-up-") as out:
+    sweep_uploads()
+    with tempfile.NamedTemporaryFile(prefix=f"{UPLOAD_PREFIX}{os.getpid()}-") as out:
         yield out
         out.flush()
         with_retries(lambda: fs.put_file(out.name, path))
+
+
+UPLOAD_PREFIX = "mmcurate-up-"  # + the writing process's pid: a killed one's file is found
+UPLOAD_STALE_S = 3600  # and removed once this old (a pid in another pid namespace looks dead)
+_SWEPT: list[int] = []  # the pid of the process that swept (a forked worker sweeps again)
+
+
+def sweep_uploads() -> None:
+    """Remove upload temporaries a killed process left in the temp folder (a whole candidate
+    tar or shard each): once per process, those whose pid is gone and untouched for an hour."""
+    if _SWEPT and _SWEPT[0] == os.getpid():
+        return
+    _SWEPT[:] = [os.getpid()]
+    folder = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            pid = entry.name.removeprefix(UPLOAD_PREFIX).partition("-")[0]
+            if entry.name.startswith(UPLOAD_PREFIX) and pid.isdigit() and stale(entry, int(pid)):
+                with contextlib.suppress(OSError):
+                    os.remove(entry.path)
+
+
+def stale(entry: os.DirEntry, pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return False  # its writer (or a process reusing the pid) is alive
+    except ProcessLookupError:
+        pass
+    except OSError:
+        return False  # alive, another user's
+    return time.time() - entry.stat().st_mtime > UPLOAD_STALE_S
 
 
 def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:

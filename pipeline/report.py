@@ -30,6 +30,11 @@ from stages.base import IMAGE_COLUMNS
 
 SCAN_BYTES = 64 << 20
 THUMB = 128
+# The report decodes in the driver: pictures beyond these (after a JPEG's reduced-scale
+# decode) are shown as undecodable rather than held whole in memory (a 13,000 x 13,000 PNG
+# of 194 KB that decode_image had dropped took the driver to 931 MB).
+THUMB_MAX_PIXELS = 25_000_000
+THUMB_SOURCE_BYTES = 32 << 20
 KEPT_GRID = 24  # kept samples shown
 DUPLICATE_GROUPS = 8  # duplicate groups shown
 REPORT_ROWS = 200_000  # the first signature group's first rows: what the charts are drawn from
@@ -120,6 +125,8 @@ def source_picture(fs: Any, row: dict) -> bytes | None:
     if source.rpartition(".")[2].lower() not in {"jpg", "jpeg", "png", "webp", "gif", "bmp"}:
         return None
     try:
+        if fs.size(source) > THUMB_SOURCE_BYTES:
+            return None  # a picture that large was most likely dropped for its size
         return fs.cat_file(source)
     except Exception:  # noqa: BLE001  (any storage backend's error: the thumbnail is skipped)
         return None
@@ -134,6 +141,8 @@ def thumb(data: bytes | None, caption: str = "", note: str = "") -> str:
         try:
             with Image.open(io.BytesIO(data)) as image:
                 image.draft("RGB", (THUMB, THUMB))  # JPEGs decode at a reduced scale
+                if image.width * image.height > THUMB_MAX_PIXELS:
+                    raise ValueError("too large to thumbnail")  # decode_image dropped it
                 image = image.convert("RGB")
                 image.thumbnail((THUMB, THUMB))
                 out = io.BytesIO()

@@ -172,3 +172,46 @@ def test_an_output_longer_than_webp_can_hold_is_too_big():
         assert out[DROP] == [reason]
         if reason is None:
             assert json.loads(out["json"][0])["width"] == 20000
+
+
+def test_the_report_does_not_decode_a_picture_too_large_to_show():
+    """Bug: report.html decoded in the driver the very images decode_image had dropped as too
+    large (a 13,000 x 13,000 PNG of 194 KB took the driver to 931 MB)."""
+    from pipeline.report import THUMB_MAX_PIXELS, thumb
+
+    big = io.BytesIO()
+    Image.new("L", (5001, 5000)).save(big, "PNG")
+    assert 5001 * 5000 > THUMB_MAX_PIXELS
+    assert "undecodable" in thumb(big.getvalue())
+    small = io.BytesIO()
+    Image.new("L", (300, 200)).save(small, "PNG")
+    assert "<img" in thumb(small.getvalue())
+
+
+def test_upload_temporaries_of_killed_processes_are_swept(tmp_path, monkeypatch):
+    """Bug: a worker killed while writing a candidate tar or shard for an object store left
+    the whole file in /tmp for good. Upload temporaries carry their writer's pid; a file whose
+    writer is gone and that nobody touched for an hour is removed by the next process."""
+    import os
+    import subprocess
+    import tempfile
+
+    from core import storage
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(storage, "_SWEPT", [])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = {
+        "gone_old": f"mmcurate-up-{dead.pid}-a",
+        "gone_new": f"mmcurate-up-{dead.pid}-b",
+        "alive_old": f"mmcurate-up-{os.getpid()}-c",
+        "other": "someone-else-d",
+    }
+    for label, name in names.items():
+        (tmp_path / name).write_bytes(b"x")
+        if label != "gone_new":
+            os.utime(tmp_path / name, (0, 0))
+    storage.sweep_uploads()
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {names["gone_new"], names["alive_old"], names["other"]}
