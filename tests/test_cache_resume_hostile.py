@@ -149,9 +149,10 @@ def test_partial_downloads_of_gone_trainers_are_removed_and_live_ones_count(tmp_
     with cache.open(str(data[0]), sha[0], size):
         pass
     gone, host, stale_s = dead_pid(), cache_module.HOST, cache_module.STALE_PARTIAL_S
+    dead_s = cache_module.DEAD_PARTIAL_S + 60
     stale = [
-        partial(folder, f"{host}-{gone}-1", size),
-        partial(folder, f"{gone}-1", size),  # the name before hosts were in it
+        partial(folder, f"{host}-{gone}-1", size, age_s=dead_s),
+        partial(folder, f"{gone}-1", size, age_s=dead_s),  # the name before hosts were in it
         partial(folder, "other-host-1-1", size, age_s=stale_s + 60),
     ]
     live = [
@@ -171,6 +172,16 @@ def test_a_live_partial_download_of_another_host_is_kept_while_fresh(monkeypatch
     assert not cache_module.abandoned(".x.tar.tmp-that-host-1-2", 60)
     assert cache_module.abandoned(".x.tar.tmp-that-host-1-2", cache_module.STALE_PARTIAL_S + 1)
     assert not cache_module.abandoned(f".x.tar.tmp-this-host-{os.getpid()}-2", 60)
+
+
+def test_a_fresh_partial_of_a_pid_that_looks_gone_is_kept(monkeypatch):
+    """Bug: a trainer in another pid namespace on the same host (a container sharing the
+    node's NVMe cache) shows a pid that looks gone here: its live download was deleted and it
+    failed at the rename. A dead writer's partial goes only once untouched for minutes."""
+    monkeypatch.setattr(cache_module, "HOST", "this-host")
+    gone = dead_pid()
+    assert not cache_module.abandoned(f".x.tar.tmp-this-host-{gone}-2", 5)
+    assert cache_module.abandoned(f".x.tar.tmp-this-host-{gone}-2", cache_module.DEAD_PARTIAL_S + 1)
 
 
 # --- checkpoints and resume ----------------------------------------------------------------

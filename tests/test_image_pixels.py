@@ -215,3 +215,25 @@ def test_upload_temporaries_of_killed_processes_are_swept(tmp_path, monkeypatch)
     storage.sweep_uploads()
     left = {p.name for p in tmp_path.iterdir()}
     assert left == {names["gone_new"], names["alive_old"], names["other"]}
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "JPEG", "PNG", "WEBP"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_orientation_of_every_format_comes_out_as_a_viewer_shows_it(fmt, orientation):
+    """Bug: Pillow turns a TIFF upright as it loads it; `upright` read the tag of the unloaded
+    TIFF and turned it a second time (landscape for 6 and 8, mirrored for 2, 4, 5, 7)."""
+    from PIL import ImageOps
+
+    from stages.lib.pixels import upright
+
+    pixels = np.zeros((24, 40, 3), np.uint8)
+    pixels[:12, :10] = 255  # a white block in one corner shows any turn or mirror
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, fmt, exif=exif, **({"quality": 95} if fmt != "PNG" else {}))
+    viewer = ImageOps.exif_transpose(Image.open(io.BytesIO(out.getvalue())))
+    ours = upright(Image.open(io.BytesIO(out.getvalue())))
+    assert ours.size == viewer.size
+    difference = np.abs(np.asarray(ours, np.int16) - np.asarray(viewer, np.int16))
+    assert difference.max() <= 8  # lossy formats: the same decode either way

@@ -41,6 +41,7 @@ __all__ = ["RETRIES", "ShardCache", "ShardCorrupt", "check_cache_dir", "flocked"
 # A partial download untouched this long is abandoned, whoever wrote it: on a cache folder
 # shared between hosts another host's pid cannot be checked (a live download writes often).
 STALE_PARTIAL_S = 6 * 3600
+DEAD_PARTIAL_S = 300  # a dead writer's partial is removed once untouched this long
 HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
 
 
@@ -249,9 +250,13 @@ def same_file(a: os.stat_result, b: os.stat_result) -> bool:
 def abandoned(name: str, age_s: float) -> bool:
     """Whether the partial download `name` (`.<shard>.tmp-<host>-<pid>-<thread>`, or
     `...tmp-<pid>-<thread>` as older versions wrote it, on this host) has no live writer:
-    untouched for STALE_PARTIAL_S, or written on this host by a process that is gone."""
+    untouched for STALE_PARTIAL_S, or written on this host by a process that is gone and
+    untouched for DEAD_PARTIAL_S (a live download in another pid namespace on the same host,
+    a container's, shows a pid that looks gone; a live download writes all the time)."""
     if age_s > STALE_PARTIAL_S:
         return True
+    if age_s < DEAD_PARTIAL_S:
+        return False
     owner = name.rpartition(".tmp-")[2].rsplit("-", 2)
     host, pid = (owner[0], owner[1]) if len(owner) == 3 else (HOST, owner[0])
     if host != HOST or not pid.isdigit():

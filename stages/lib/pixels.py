@@ -55,7 +55,10 @@ def orientation(image: Image.Image) -> int:
 
 
 def upright(image: Image.Image) -> Image.Image:
-    """The image turned as its EXIF orientation says (a copy only when it must turn)."""
+    """The image turned as its EXIF orientation says (a copy only when it must turn). Loaded
+    first: Pillow turns a TIFF upright as it loads it (and drops its tag), so reading the tag
+    of an unloaded TIFF turned it twice."""
+    image.load()
     method = TRANSPOSE.get(orientation(image))
     return image if method is None else image.transpose(method)
 
