@@ -159,3 +159,50 @@ def test_first_per_key_keeps_the_first_in_input_order_and_handles_one_row():
         (1, 9),
         (2, 0),
     ]
+
+
+def test_partition_cap_splits_groups_and_decisions_stay_the_same(tmp_path, monkeypatch):
+    """Many small partitions (files_per_task: 1): the partition cap, not the row cap, splits
+    the groups, and each group gathers its files in several batches."""
+    import pipeline.groups as groups_module
+
+    monkeypatch.setattr(groups_module, "PARTS_PER_GROUP", 4)
+    monkeypatch.setattr(groups_module, "GATHER_BATCH", 3)
+    assert plan_groups(list(range(9)), [60] * 9, 10**9) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    tables = synthetic_partitions(np.random.default_rng(5), parts=9, rows=60)
+    expected = oracle(pa.concat_tables(tables), build_stages(STAGES))
+    assert run_decide(tmp_path, tables, 10**9, LocalRunner()) == expected
+
+
+def test_plan_groups_caps_rows_and_partitions():
+    rows = [1, 1, 1, 5, 1, 1, 1, 1]
+    parts = list(range(len(rows)))
+    assert plan_groups(parts, rows, 4, max_parts=3) == [[0, 1, 2], [3], [4, 5, 6], [7]]
+    assert plan_groups(parts, rows, 100, max_parts=2) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert plan_groups(parts, rows, 100, max_parts=100) == [parts]
+    assert plan_groups([], [], 4, max_parts=2) == []
+
+
+def test_gather_group_in_batches_unifies_columns_like_one_concat(tmp_path, monkeypatch):
+    """Batches whose files differ in columns and null-typed columns combine as one concat."""
+    import pipeline.groups as groups_module
+    from pipeline.groups import gather_group
+
+    monkeypatch.setattr(groups_module, "GATHER_BATCH", 2)
+    work = str(tmp_path / "_work")
+    tables = []
+    for p in range(5):
+        columns = {"__key__": [f"k{p}{i}" for i in (1, 0)], "__part__": [p, p], "__index__": [1, 0]}
+        if p >= 3:  # only the last batches have it; a null-typed column before that
+            columns["caption"] = pa.array(["b", "a"], pa.string())
+        elif p == 1:
+            columns["caption"] = pa.nulls(2)
+        tables.append(pa.table(columns))
+        write_parquet(tables[-1], f"{work}/signatures/part-{p:06d}.parquet", {})
+    groups = Groups(work, {}, [[0, 1, 2, 3, 4]], [10])
+    got = gather_group(groups, 0)
+    expected = pa.concat_tables(tables, promote_options="permissive").sort_by(
+        [("__part__", "ascending"), ("__index__", "ascending")]
+    )
+    assert got.equals(expected)
+    assert got["caption"].to_pylist() == [None] * 6 + ["a", "b", "a", "b"]
