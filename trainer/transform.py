@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import struct
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,25 +26,12 @@ from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2.functional import resized_crop
 
 from core.formats import FRAME_COLUMN
+from core.image_errors import PIL_DECODE_ERRORS
 
 RGB = ImageReadMode.RGB
-# What decoding a damaged or hostile image raises: Pillow's list of stages/lib/pixels.py (its
-# plugins let SyntaxError, EOFError, struct, index and key errors of a malformed file through;
-# the trainer may not import stages, tests/test_eval_hostile.py keeps the two in step) plus
-# RuntimeError (torchvision's decoders). One such image is a skipped sample, never a crash.
-DECODE_ERRORS = (
-    OSError,
-    ValueError,
-    SyntaxError,
-    EOFError,
-    struct.error,
-    IndexError,
-    KeyError,
-    TypeError,
-    ZeroDivisionError,
-    RuntimeError,
-    Image.DecompressionBombError,
-)
+# What decoding a damaged or hostile image raises: Pillow's (core.image_errors, as the build's
+# stages) and torchvision's decoders' RuntimeError. One such image is a skipped sample.
+DECODE_ERRORS = (*PIL_DECODE_ERRORS, RuntimeError)
 
 
 class ImageTransform:

@@ -11,26 +11,12 @@ exact_dedupe of pixels, the perceptual hashes, the CLIP model's input).
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 from PIL import Image
 
-# What Pillow's decoders raise on a damaged or hostile file (beyond OSError and ValueError, the
-# documented ones, its plugins let struct, index and key errors of a malformed header through):
-# a per-sample `decode_error`, never a failed task.
-DECODE_ERRORS = (
-    OSError,
-    ValueError,
-    SyntaxError,
-    EOFError,
-    struct.error,
-    IndexError,
-    KeyError,
-    TypeError,
-    ZeroDivisionError,
-    Image.DecompressionBombError,
-)
+from core.image_errors import PIL_DECODE_ERRORS
+
+DECODE_ERRORS = PIL_DECODE_ERRORS  # a per-sample `decode_error`, never a failed task
 
 EXIF_ORIENTATION = 0x0112
 TRANSPOSE = {  # EXIF orientation -> the transpose that makes the image upright
