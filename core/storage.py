@@ -267,14 +267,19 @@ def sweep_uploads() -> None:
 
 
 def stale(entry: os.DirEntry, pid: int) -> bool:
+    return pid_gone(pid) and time.time() - entry.stat().st_mtime > UPLOAD_STALE_S
+
+
+def pid_gone(pid: int) -> bool:
+    """Whether no process of this pid runs here (a pid reused, or another user's process
+    that signals cannot reach, counts as running: its files are kept)."""
     try:
         os.kill(pid, 0)
-        return False  # its writer (or a process reusing the pid) is alive
     except ProcessLookupError:
-        pass
-    except OSError:
-        return False  # alive, another user's
-    return time.time() - entry.stat().st_mtime > UPLOAD_STALE_S
+        return True
+    except (OSError, OverflowError):  # PermissionError: alive, another user's
+        return False
+    return False
 
 
 def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:

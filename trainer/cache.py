@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config_io import ConfigError
+from core.storage import pid_gone
 from trainer.verify import RETRIES, ShardCorrupt, copy_hashed, download_hashed, mismatch
 
 __all__ = ["RETRIES", "ShardCache", "ShardCorrupt", "check_cache_dir", "flocked"]
@@ -259,12 +260,4 @@ def abandoned(name: str, age_s: float) -> bool:
         return False
     owner = name.rpartition(".tmp-")[2].rsplit("-", 2)
     host, pid = (owner[0], owner[1]) if len(owner) == 3 else (HOST, owner[0])
-    if host != HOST or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, OverflowError):  # PermissionError: alive, another user's
-        return False
-    return False
+    return host == HOST and pid.isdigit() and pid_gone(int(pid))
