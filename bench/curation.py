@@ -7,7 +7,10 @@
    elsewhere).
 3. `mmcurate build`, all from the same raw files: `noisy` (decode only); `clip` (+ clip_score
    with the filter model, keep_top_fraction); `clip_dedupe` (+ exact, near and semantic
-   dedupe); `oracle` (decode only, on the raw files that are distinct and truly captioned).
+   dedupe); `recaption` (clip_score, then `recaption` with `choose: fill` at the clip arm's
+   threshold: what the clip arm drops gets a caption from a tiny BLIP-2 trained on the seed
+   set, bench/curation_captioner.py, kept if it scores as high; bench/curation_recaption.py);
+   `oracle` (decode only, on the raw files that are distinct and truly captioned).
 4. `mmcurate train` the same architecture at equal compute (same steps x batch) on each arm,
    for each seed; `mmcurate eval` (python -m trainer.eval) retrieval R@1 on the eval build.
 5. JSON of everything, and a markdown table: R@1 both directions per arm (mean ± sd over
@@ -39,14 +42,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from bench.curation_data import Sizes, make_sets  # noqa: E402
+from bench.curation_recaption import lowest_kept_score, recaption_sets, recaptioned  # noqa: E402
 from pipeline.objectstore import loopback_only_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs" / "curation"
 BIN = Path(sys.executable).parent
 MARKER = ".curation-bench"  # marks a work folder this bench made (and may therefore delete)
-ARMS = ("noisy", "clip", "clip_dedupe", "oracle")
-FILTERED = ("clip", "clip_dedupe")
+ARMS = ("noisy", "clip", "recaption", "clip_dedupe", "oracle")
+FILTERED = ("clip", "recaption", "clip_dedupe")
 I2T, T2I = "text_retrieval_recall@1", "image_retrieval_recall@1"  # clip_benchmark's names
 
 
@@ -58,12 +62,14 @@ class Plan:
     steps: int = 300  # every arm: steps x batch samples (equal compute)
     batch: int = 128
     filter_steps: int = 300
+    caption_steps: int = 1000  # the captioner's training (batch 64), not the arms' compute
     keep: float = 0.55  # keep_top_fraction: the share of raw captions expected to fit (~55%)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     data_seed: int = 0
 
 
-QUICK = {"sizes": Sizes(eval=100, seed=500, raw=1600, popular=8), "steps": 150, "filter_steps": 150}
+QUICK = {"sizes": Sizes(eval=100, seed=500, raw=1600, popular=8), "steps": 150}
+QUICK.update(filter_steps=150, caption_steps=300)
 
 
 def env() -> dict[str, str]:
@@ -137,6 +143,14 @@ def train(manifest: Path, out: Path, seed: int, steps: int, batch: int) -> dict:
     return {"loss": round(last["loss"], 4), "steps": last["step"], "seconds": round(seconds, 1)}
 
 
+def train_captioner(seed_build: Path, out: Path, plan: Plan) -> dict:
+    """bench/curation_captioner.py: the recaption arm's tiny BLIP-2, on the seed build."""
+    script, steps = str(REPO / "bench" / "curation_captioner.py"), str(plan.caption_steps)
+    cmd = [sys.executable, script, str(seed_build), str(out), "--steps", steps]
+    run(cmd, out.parent / "captioner.log", done=out / "training.json")
+    return json.loads((out / "training.json").read_text())
+
+
 def eval_command() -> list[str]:
     """`mmcurate eval` once the CLI has it; `python -m trainer.eval` (the same) until then."""
     probe = subprocess.run(
@@ -145,11 +159,7 @@ def eval_command() -> list[str]:
     return (
         [str(BIN / "mmcurate"), "eval"]
         if probe.returncode == 0
-        else [
-            sys.executable,
-            "-m",
-            "trainer.eval",
-        ]
+        else [sys.executable, "-m", "trainer.eval"]
     )
 
 
@@ -298,6 +308,11 @@ def make_builds(plan: Plan, data: Path, builds: Path, lock: str | None) -> dict:
     clip = [f"stages.1.pretrained={checkpoint}", f"stages.1.keep_top_fraction={plan.keep}"]
     done["noisy"] = build("decode.yaml", data / "raw", builds / "noisy", lock)
     done["clip"] = build("clip.yaml", data / "raw", builds / "clip", lock, clip)
+    done["captioner"] = train_captioner(builds / "seed", builds.parent / "captioner", plan)
+    sets = recaption_sets(
+        checkpoint, builds.parent / "captioner", lowest_kept_score(builds / "clip")
+    )
+    done["recaption"] = build("recaption.yaml", data / "raw", builds / "recaption", lock, sets)
     clip.append(f"stages.4.pretrained={checkpoint}")  # semantic_dedupe loads it too
     done["clip_dedupe"] = build(
         "clip_dedupe.yaml", data / "raw", builds / "clip_dedupe", lock, clip
@@ -307,19 +322,22 @@ def make_builds(plan: Plan, data: Path, builds: Path, lock: str | None) -> dict:
 
 
 def train_arms(plan: Plan, work: Path) -> dict[str, list[dict]]:
-    """Every arm x seed: train at equal compute, evaluate on the held-out build."""
+    """Every arm x seed: train at equal compute, evaluate on the held-out build. clip and
+    recaption first for every seed (a run cut short still has that comparison), then the rest."""
     command = eval_command()
     eval_manifest = work / "builds" / "eval" / "manifest.json"
     evals: dict[str, list[dict]] = {arm: [] for arm in ARMS}
-    for seed in plan.seeds:
-        for arm in ARMS:
-            run_dir = work / "runs" / f"{arm}-s{seed}"
-            manifest = work / "builds" / arm / "manifest.json"
-            row = {"seed": seed, **train(manifest, run_dir, seed, plan.steps, plan.batch)}
-            row["train_seconds"] = row.pop("seconds")
-            row.update(evaluate(command, run_dir, eval_manifest))
-            evals[arm].append(row)
-            print(f"  seed {seed} {arm:<12} i2t {row['i2t']:.3f}  t2i {row['t2i']:.3f}", flush=True)
+    first = ("clip", "recaption")
+    order = [(s, a) for s in plan.seeds for a in first]
+    order += [(s, a) for s in plan.seeds for a in ARMS if a not in first]
+    for seed, arm in order:
+        run_dir = work / "runs" / f"{arm}-s{seed}"
+        manifest = work / "builds" / arm / "manifest.json"
+        row = {"seed": seed, **train(manifest, run_dir, seed, plan.steps, plan.batch)}
+        row["train_seconds"] = row.pop("seconds")
+        row.update(evaluate(command, run_dir, eval_manifest))
+        evals[arm].append(row)
+        print(f"  seed {seed} {arm:<12} i2t {row['i2t']:.3f}  t2i {row['t2i']:.3f}", flush=True)
     return evals
 
 
@@ -354,6 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     kept = {arm: composition(build_keys(work / "builds" / arm), roles) for arm in ARMS}
     for arm in ARMS:
         print(f"build {arm:<12} {builds[arm]['samples']:>5} samples  {kept[arm]}", flush=True)
+    kept["recaption"]["captions"] = recaptioned(work / "builds" / "recaption", roles)
+    print(f"recaption arm captions: {kept['recaption']['captions']}", flush=True)
     pairs = semantic_pairs(work / "builds" / "clip", roles)
     print(f"clip build, share of pairs within eps: {pairs}", flush=True)
     evals = train_arms(plan, work)

@@ -16,6 +16,28 @@
 # 5 minutes), `score` (at most 6.5), `probe` (at most 4), e.g. `bash bench/gpu_check.sh train`
 # then `bash bench/gpu_check.sh score` and `bash bench/gpu_check.sh probe`.
 #
+# `fsdp` (bench/gpu_fsdp.py, issue 41; only when named, at most 4 minutes): ViT-B-32 with
+# strategy fsdp (FSDP2 on a mesh of one GPU, bf16): the largest per-GPU batch of 256-4096 that
+# fits (one JSON line per rung), then 20 training steps from the shards at it with telemetry
+# (NVML temperature, power, memory, ECC, throttle), one JSON line; `--device cpu --tiny` here.
+#
+# Two more parts run only when named (each at most 4 minutes, e.g. `bash bench/gpu_check.sh
+# aesthetic caption` in one call): `aesthetic` (bench/gpu_aesthetic.py, issue 38): LAION
+# aesthetic scoring on ViT-L-14 (open_clip's config, random weights of the real size) with a
+# random v2 MLP head, bf16 autocast: the aesthetic_score stage's parts (decode pool, ClipModel
+# encode, the folded head) vs a plain DataLoader + open_clip + torch MLP loop, images/s, GPU
+# utilisation, how far the two loops' scores are apart (one JSON line). `caption`
+# (bench/gpu_caption.py, issue 39): a BLIP-2 OPT-2.7B-size model (Blip2Config, ViT-g + Q-Former
+# + OPT 2560 x 32, random weights made on the GPU in bf16, tokenizer built locally) saved to a
+# folder and loaded from it; the recaption stage's path (prepare_pixels pool, Captioner) vs a
+# plain DataLoader + generate loop at batch sizes 8, 32 and 128, 30 tokens per caption:
+# images/s, captions per hour, GPU utilisation (one JSON line per batch size). Both print
+# with `--device cpu --tiny` here too (the same code at tiny sizes). Both need more wheels
+# than the list below (`aesthetic`: safetensors, which the head loader imports; `caption`:
+# transformers and its dependencies, about 25 MB): after that download, run the same
+# `pip download` once more without `--no-deps` for `transformers==5.24.0 safetensors`, then
+# `rm .whl/numpy-*` (the device has its own numpy).
+#
 # The device has PyTorch, Pillow, numpy, pyarrow, scikit-image and nvidia-ml-py but no
 # network: carry open_clip and pydantic as wheels. Once, here, in the repo root:
 #   echo /.whl/ >> .git/info/exclude
@@ -57,6 +79,15 @@ if [[ " $parts " == *" train "* ]]; then
 fi
 if [[ " $parts " == *" score "* ]]; then
   timeout 380 python3 bench/gpu_check.py --shards "$shards" | tee -a "$out/gpu_check.txt"
+fi
+if [[ " $parts " == *" aesthetic "* ]]; then
+  timeout 240 python3 bench/gpu_aesthetic.py --shards "$shards" | tee -a "$out/gpu_check.txt"
+fi
+if [[ " $parts " == *" caption "* ]]; then
+  timeout 240 python3 bench/gpu_caption.py --shards "$shards" | tee -a "$out/gpu_check.txt"
+fi
+if [[ " $parts " == *" fsdp "* ]]; then
+  timeout 240 python3 bench/gpu_fsdp.py --shards "$shards" | tee -a "$out/gpu_check.txt"
 fi
 if [[ " $parts " == *" probe "* ]]; then
   python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; \

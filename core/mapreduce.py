@@ -9,7 +9,7 @@ rows, and no image bytes move at all (signatures only).
 Plain Ray tasks with object refs rather than Ray Data's `groupby`: the payloads are numpy arrays
 (hashes, row ids, embeddings) that Ray passes zero-copy through its object store. One Hamming
 table over 1M hashes as a Ray Data `groupby().map_groups()` took 137x as long as the same work
-as one task here (bench/raydata_groupby.py, BENCHMARKS.md).
+as one task here (bench/raydata_groupby.py, docs/benchmarks/dedupe.md).
 """
 
 from __future__ import annotations

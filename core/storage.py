@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from core.config_io import ConfigError
+from core.uploads import streamed_upload, streams_uploads
 
 T = TypeVar("T")
 
@@ -227,7 +228,9 @@ def put_file_atomic(fs: Any, local_path: str, path: str) -> None:
 def open_atomic(fs: Any, path: str) -> Iterator[IO[bytes]]:
     """A file to write `path` through, published whole when the block ends (nothing if it
     raises). On file systems it is a temporary name beside `path`, renamed (no second copy);
-    on object stores a local temporary file, uploaded in one PUT."""
+    on object stores with multipart writers (S3, GCS, Azure) the store's buffered file, whose
+    parts go up as they fill and which completes only on close (aborted if the block raises);
+    on other stores a local temporary file, uploaded in one PUT."""
     if is_local(fs):
         fs.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -238,6 +241,10 @@ def open_atomic(fs: Any, path: str) -> Iterator[IO[bytes]]:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)  # only when the block raised: a renamed file is gone
+        return
+    if streams_uploads(fs):
+        with streamed_upload(fs, path) as out:
+            yield out
         return
     sweep_uploads()
     with tempfile.NamedTemporaryFile(prefix=f"{UPLOAD_PREFIX}{os.getpid()}-") as out:

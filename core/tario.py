@@ -16,14 +16,27 @@ import hashlib
 import re
 import tarfile
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from typing import IO, Any
 
-from core.formats import is_member_column
+from core.spill import Spilled, spill_stream
+from core.tar_writer import (  # noqa: F401  (re-exported: the writer's historical home)
+    BLOCK,
+    RECORD,
+    USTAR_NAME_BYTES,
+    TarWriter,
+    fits_ustar,
+    member_header,
+    sample_media,
+    sample_members,
+    write_member,
+    write_tar,
+)
 
 EXT_ALIASES = {"jpeg": "jpg", "tif": "tiff"}
 
-USTAR_NAME_BYTES = 100  # the plain name field of a tar header
 LONGEST_SUFFIX = ".000.jpg"  # the longest member extension written (video frames)
 CLIP_SUFFIX = "_0000"  # clip_split appends this to its source key
 # Room left for one more derived suffix of the same size, should a stage add one.
@@ -52,11 +65,6 @@ def text_name(name: str) -> str:
     return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def fits_ustar(name: str) -> bool:
-    """True when a member name needs no PAX header: ASCII and at most 100 bytes."""
-    return name.isascii() and len(name) <= USTAR_NAME_BYTES
-
-
 def split_member_name(name: str) -> tuple[str, str]:
     """`dir/abc.def.jpg` -> (`dir/abc`, `def.jpg`): WebDataset's key/extension rule."""
     folder, _, base = name.rpartition("/")
@@ -68,21 +76,46 @@ def split_member_name(name: str) -> tuple[str, str]:
 # A sample's extensions whose members had no data to read: symlinks, hard links (tarfile's
 # stream mode cannot go back to their target), devices, FIFOs. Only with `links=True`.
 LINKS = "__links__"
-Member = tuple[str, Callable[[], bytes] | None]
+Member = tuple[str, Callable[[], bytes | Spilled] | None]
+
+
+@dataclass(frozen=True)
+class SpillTo:
+    """Where big members go as they are read: one whose extension is in `columns` and that
+    holds more than `over` bytes is streamed into `folder` and read as a `Spilled` (its file
+    then belongs to the caller, who releases it)."""
+
+    folder: str
+    over: int
+    columns: frozenset[str]
+
+    def wants(self, name: str, size: int) -> bool:
+        ext = split_member_name(name)[1]
+        return size > self.over and EXT_ALIASES.get(ext, ext) in self.columns
 
 
 def iter_tar_samples(
-    fileobj: IO[bytes], start: int = 0, stop: int | None = None, links: bool = False
+    fileobj: IO[bytes],
+    start: int = 0,
+    stop: int | None = None,
+    links: bool = False,
+    spill: SpillTo | None = None,
+    columns: frozenset[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Stream samples [start, stop) from a tar: dicts of `__key__` plus raw bytes per
-    extension. Earlier samples are skipped without keeping their data; reading ends at `stop`.
-    Members that are not files are skipped, as WebDataset does; with `links`, those that are
-    not folders are listed under LINKS in their sample (a sample of such members only, too)."""
-    return group_samples(tar_files(fileobj, links), start, stop)
+    extension (a Spilled for a member `spill` wants). Earlier samples are skipped without
+    keeping their data; reading ends at `stop`. Members that are not files are skipped, as
+    WebDataset does; with `links`, those that are not folders are listed under LINKS in their
+    sample (a sample of such members only, too). With `columns`, members of other extensions
+    are passed over unread (a report that wants images need not hold a video)."""
+    return group_samples(tar_files(fileobj, links, spill), start, stop, columns)
 
 
 def group_samples(
-    files: Iterator[Member], start: int = 0, stop: int | None = None
+    files: Iterator[Member],
+    start: int = 0,
+    stop: int | None = None,
+    columns: frozenset[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Samples [start, stop) of a tar's (name, read) members: runs of one key. A member whose
     extension the run already has starts another sample of the same key (two samples written
@@ -103,13 +136,15 @@ def group_samples(
         seen.add(ext)
         if current is not None and read is None:
             current.setdefault(LINKS, []).append(ext)
-        elif current is not None:
+        elif current is not None and (columns is None or ext in columns):
             current[ext] = read()
     if current is not None:
         yield current
 
 
-def tar_files(fileobj: IO[bytes], links: bool = False) -> Iterator[Member]:
+def tar_files(
+    fileobj: IO[bytes], links: bool = False, spill: SpillTo | None = None
+) -> Iterator[Member]:
     """(name, read) of each regular file of a tar, in order, as tarfile's stream mode gives
     them: `read()` returns the member's bytes and is valid until the next member is drawn.
     With `links`, also (name, None) for each member that is neither a file nor a folder.
@@ -120,7 +155,7 @@ def tar_files(fileobj: IO[bytes], links: bool = False) -> Iterator[Member]:
     link, a folder, a compressed stream, the end, damage) tarfile reads the rest, so each tar
     reads exactly as through tarfile, errors included - and one more: a tar whose data ends
     inside a header past the first member fails with tarfile's ReadError("unexpected end of
-    data") where tarfile ends quietly."""
+    data") where tarfile ends quietly. A member `spill` wants is streamed to its folder."""
     at_start = True
     while True:
         header = fileobj.read(BLOCK)
@@ -130,15 +165,16 @@ def tar_files(fileobj: IO[bytes], links: bool = False) -> Iterator[Member]:
             raise tarfile.ReadError(CUT_HEADER)
         member = None if at_start and header.startswith(COMPRESSED) else regular_member(header)
         if member is None:
-            yield from library_files(header, fileobj, at_start, links)
+            yield from library_files(header, fileobj, at_start, links, spill)
             return
         at_start = False
         name, size = member
-        kept: list[bytes] = []
+        kept: list[bytes | Spilled] = []
+        to = spill if spill is not None and spill.wants(name, size) else None
 
-        def read(size: int = size, kept: list[bytes] = kept) -> bytes:
+        def read(size: int = size, kept: list = kept, to: SpillTo | None = to) -> bytes | Spilled:
             if not kept:
-                kept.append(read_exact(fileobj, size))
+                kept.append(read_exact(fileobj, size) if to is None else spilled(fileobj, size, to))
             return kept[0]
 
         yield name, read
@@ -191,6 +227,15 @@ def read_exact(fileobj: IO[bytes], size: int) -> bytes:
     return b"".join(chunks)
 
 
+def spilled(fileobj: IO[bytes], size: int, to: SpillTo) -> Spilled:
+    """`size` bytes streamed into a file of `to.folder`; tarfile's ReadError where the tar
+    ends first (as `read_exact`)."""
+    try:
+        return spill_stream(fileobj, size, to.folder)
+    except EOFError:
+        raise tarfile.ReadError("unexpected end of data") from None
+
+
 def skip_exact(fileobj: IO[bytes], size: int) -> None:
     """Read past `size` bytes (kept nowhere); ReadError where the tar ends first."""
     while size > 0:
@@ -210,7 +255,11 @@ def read_up_to(fileobj: IO[bytes], size: int) -> list[bytes]:
 
 
 def library_files(
-    header: bytes, rest: IO[bytes], at_start: bool, links: bool = False
+    header: bytes,
+    rest: IO[bytes],
+    at_start: bool,
+    links: bool = False,
+    spill: SpillTo | None = None,
 ) -> Iterator[Member]:
     """`tar_files` from `header` on, read by tarfile. Past the first member tarfile ends an
     archive at any header it cannot read and fails only on a broken extension record; the
@@ -228,7 +277,10 @@ def library_files(
         return
     with tar:
         for member in tar:
-            if member.isfile():
+            if member.isfile() and spill is not None and spill.wants(member.name, member.size):
+                data = tar.extractfile(member)
+                yield member.name, partial(spilled, data, member.size, spill)
+            elif member.isfile():
                 yield member.name, tar.extractfile(member).read
             elif links and not member.isdir():
                 yield member.name, None
@@ -303,70 +355,3 @@ class Replayed:
             self.head += more
         out, self.head = self.head[:size], self.head[size:]
         return out + (self.rest.read(size - len(out)) if len(out) < size else b"")
-
-
-def sample_members(sample: dict[str, Any]) -> list[tuple[str, bytes]]:
-    """The (member name, bytes) pairs a sample writes, extensions sorted."""
-    members = []
-    columns = [c for c in sample if is_member_column(c)]
-    for col in sorted(c for c in columns if sample.get(c) is not None):
-        value = sample[col]
-        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-        members.append((f"{sample['__key__']}.{col}", data))
-    return members
-
-
-BLOCK = tarfile.BLOCKSIZE  # 512: headers and data are padded to whole blocks
-RECORD = tarfile.RECORDSIZE  # 10,240: tarfile pads a closed archive to whole records
-MEMBER_MODE = 0o444
-USTAR_MAX_SIZE = 8**11 - 1  # the largest size the 11-digit octal field holds (8 GiB)
-# The fixed fields of a regular file's ustar header after name, mode, size, checksum:
-# as tarfile writes them for mode 0o444, uid/gid 0, mtime 0 and empty user and group names.
-_MODE_IDS = b"0000444\x000000000\x000000000\x00"
-_AFTER_SIZE = b"00000000000\x00"  # mtime 0
-# Type `0`, no link name, the ustar magic, then empty user/group names, device numbers
-# (tarfile leaves them empty for regular files) and prefix.
-_AFTER_CHECKSUM = b"0" + b"\x00" * 100 + b"ustar\x0000" + b"\x00" * (64 + 16 + 167)
-
-
-def member_header(name: str, size: int) -> bytes:
-    """The tar header of one member, byte for byte what tarfile writes for it in PAX format
-    (a plain ustar header when the name fits, else with a PAX record). Packing the ustar
-    fields directly is ~10x faster than tarfile's TarInfo, which mattered at ~0.2 ms a sample."""
-    if not (fits_ustar(name) and size <= USTAR_MAX_SIZE):
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime = size, MEMBER_MODE, 0
-        return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
-    head = name.encode("ascii").ljust(100, b"\x00") + _MODE_IDS + b"%011o\x00" % size + _AFTER_SIZE
-    # The checksum field counts as 8 spaces while the sum is taken (POSIX).
-    checksum = sum(head) + 8 * 0x20 + sum(_AFTER_CHECKSUM)
-    return head + b"%06o\x00 " % checksum + _AFTER_CHECKSUM
-
-
-def write_member(out: IO[bytes], name: str, data: bytes) -> int:
-    """Header, data and padding of one member; returns the bytes written."""
-    header = member_header(name, len(data))
-    padding = -len(data) % BLOCK
-    out.write(header)
-    out.write(data)
-    if padding:
-        out.write(b"\x00" * padding)
-    return len(header) + len(data) + padding
-
-
-def write_tar(samples: Iterable[dict[str, Any]], fileobj: IO[bytes]) -> list[tuple[int, int]]:
-    """Write samples as one tar (uncompressed; ustar headers, PAX only for a name that does not
-    fit) and close it as tarfile does; returns each sample's (offset, length).
-
-    A sample's span holds its members' headers and padded data, so spans can be copied from
-    one tar into another byte for byte (the final shards are assembled that way).
-    """
-    spans, offset = [], fileobj.tell()  # as tarfile: offsets are positions in the file
-    for sample in samples:
-        start = offset
-        for name, data in sample_members(sample):
-            offset += write_member(fileobj, name, data)
-        spans.append((start, offset - start))
-    end = offset + 2 * BLOCK
-    fileobj.write(b"\x00" * (2 * BLOCK + -end % RECORD))
-    return spans

@@ -13,6 +13,7 @@ this bounds how many copies of a big model a machine holds).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,16 +25,29 @@ log = logging.getLogger("mmcurate.actors")
 
 
 class ModelActor:
-    def __init__(self, name: str, pretrained: str | None, device: str, precision: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        pretrained: str | None,
+        device: str,
+        precision: str,
+        loader: Callable[[str], Any] | None = None,
+    ) -> None:
+        if loader is not None:  # the stage's own model (recaption's captioner), given a device
+            self.model = loader(device)
+            return
         from stages.lib.clip_model import ClipModel  # here: builds without a model skip it
 
         self.model = ClipModel(name, pretrained, device, precision)
 
     def transform(self) -> tuple[Any, int]:
-        return self.model.pil_transform, self.model.input_side
+        return getattr(self.model, "pil_transform", None), getattr(self.model, "input_side", 0)
 
     def encode(self, pixels: np.ndarray, texts: list[str] | None) -> tuple:
         return self.model.encode(pixels, texts)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.model, method)(*args)
 
 
 class RemoteEncoder:
@@ -63,6 +77,14 @@ class RemoteEncoder:
         actor = self.actors[self.turn % len(self.actors)]
         self.turn += 1
         return ray.get(actor.encode.remote(pixels, texts))
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Any method of the actors' model (recaption's `caption`, `texts`), round-robin."""
+        import ray
+
+        actor = self.actors[self.turn % len(self.actors)]
+        self.turn += 1
+        return ray.get(actor.call.remote(method, *args))
 
 
 def pool_shape(stage: Stage, cluster_gpus: float) -> tuple[float, int] | None:
@@ -144,8 +166,10 @@ def start_pool(stage: Stage, gpus: float, count: int) -> RemoteEncoder:
     actor_class = ray.remote(ModelActor).options(
         num_gpus=gpus, num_cpus=0 if gpus else 1, resources=opts.resources or None
     )
+    loader = stage.pool_loader() if hasattr(stage, "pool_loader") else None
+    pretrained = getattr(opts, "pretrained", None)
     actors = [
-        actor_class.remote(opts.model, opts.pretrained, device, opts.precision)
+        actor_class.remote(opts.model, pretrained, device, opts.precision, loader)
         for _ in range(count)
     ]
     encoder = RemoteEncoder(actors, None, 0)

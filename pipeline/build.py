@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -25,22 +24,43 @@ from core.config_io import ConfigError
 from core.manifest import manifest_document
 from core.mapreduce import LocalRunner, Runner
 from core.redaction import redact, redact_text
+from core.spill import (
+    Spilled,
+    remove_folder,
+    set_task_folder,
+    spill_folder,
+    sweep_folders,
+)
 from core.storage import (
     check_reachable,
     filesystem,
     join,
-    open_atomic,
     write_bytes_atomic,
     write_parquet,
 )
-from core.tario import write_tar
 from pipeline.actors import RemoteEncoder, start_pools, stop_pools
+from pipeline.buckets_file import write_buckets_file
+from pipeline.candidates import ClaimLost, noted, run_chain, write_candidate
 from pipeline.config import BuildConfig, check_paths, check_ray_resources
 from pipeline.decide import decide
-from pipeline.groups import ROWS_PER_GROUP, Groups, plan_groups, scan_partitions
+from pipeline.groups import ROWS_PER_GROUP, Groups, plan_groups, scan_footers
 from pipeline.layout import kept_starts, kept_tables, plan_layout, spans_spec
-from pipeline.publish import MANIFEST, Publication, output_files, publish, shard_files
-from pipeline.raysession import connect, run_tasks
+from pipeline.media_index import (
+    Index,
+    PartitionMedia,
+    finish_partition,
+    partition_done,
+    start_run_index,
+)
+from pipeline.publish import (
+    MANIFEST,
+    Publication,
+    output_files,
+    publish,
+    shard_files,
+    wids_index,
+)
+from pipeline.raysession import connect, fitted_memory, run_tasks
 from pipeline.raysession import runner as runtime_runner
 from pipeline.report import render_report
 from pipeline.resume import (
@@ -52,6 +72,9 @@ from pipeline.resume import (
     final_files,
     record_files,
 )
+from pipeline.retire import shard_written, start_retiring
+from pipeline.samples import Reading
+from pipeline.shard_refs import referring_parts, with_refs
 from pipeline.shards import (
     candidate_metadata,
     candidate_name,
@@ -66,7 +89,7 @@ from pipeline.shards import (
 )
 from pipeline.signatures import signature_table
 from pipeline.source_staging import stage_sources
-from pipeline.sources import iter_chunks, plan_source, read_partition
+from pipeline.sources import plan_source, read_chunks
 from pipeline.stats import build_stats, merge_counts, timing_columns
 from stages.base import DROP, Stage
 from stages.registry import build_stages, stage_order
@@ -149,11 +172,18 @@ def phase_a(
     if done:
         log.info("resuming: %d of %d partitions already done", len(done), len(parts))
     encoders = start_pools(stages) if todo else {}  # stops its own pools if it fails
+    index = None
     try:
-        task = partial(partition_task, cfg=cfg, claim=claim, encoders=encoders)
-        held = run_tasks(todo, task, "partitions", progress, resources=cfg.ray.resources)
+        index = start_run_index(claim, done, todo, cfg.output)
+        client = None if index is None else index.client  # plain data, for the tasks
+        task = partial(partition_task, cfg=cfg, claim=claim, encoders=encoders, media=client)
+        arrived = partial(partition_done, run_index=index, todo=todo)
+        memory = fitted_memory(cfg)
+        held = run_tasks(todo, task, "partitions", progress, cfg.ray.resources, memory, arrived)
     finally:
         stop_pools(encoders)
+        if index is not None:
+            index.stop()
     stopped(claim, held)
 
 
@@ -165,7 +195,11 @@ def stopped(claim: Claim, results: list) -> None:
 
 
 def partition_task(
-    part: dict, cfg: BuildConfig, claim: Claim, encoders: dict[int, RemoteEncoder]
+    part: dict,
+    cfg: BuildConfig,
+    claim: Claim,
+    encoders: dict[int, RemoteEncoder],
+    media: Index | None = None,
 ) -> int | None:
     """Ray task body: one partition, with the worker's stages; a model stage served by an
     actor pool gets the pool's encoder, starting its turns at this partition. None (nothing
@@ -178,7 +212,7 @@ def partition_task(
         else stage
         for stage in worker_stages(cfg)
     ]
-    return process_partition(part, cfg, stages, claim)
+    return process_partition(part, cfg, stages, claim, media)
 
 
 _WORKER_STAGES: dict[str, list[Stage]] = {}
@@ -195,67 +229,49 @@ def worker_stages(cfg: BuildConfig) -> list[Stage]:
 
 
 def process_partition(
-    part: dict, cfg: BuildConfig, stages: list[Stage], claim: Claim
+    part: dict, cfg: BuildConfig, stages: list[Stage], claim: Claim, index: Index | None = None
 ) -> int | None:
     """Candidates, their metadata, who wrote them (the marker), then the signatures: written
-    last, they mark it done. Written only while this run still holds the output (else None)."""
-    rows: list[dict[str, Any]] = []
-    chunks = iter_chunks(read_partition(part, cfg.storage_options), cfg.ray.batch_size)
-    for chunk in run_chain(chunks, stages):
-        rows.extend(
-            dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)
-        )
-    if not claim.holds():
+    last, they mark it done. Written only while this run still holds the output (else None).
+    The partition streams through in chunks (`source.chunk_bytes`); media above
+    `source.spill_bytes` wait on local disk, in a spill folder of this task's own."""
+    sweep_folders()  # those of killed workers
+    folder = spill_folder()
+    set_task_folder(folder)
+    try:
+        return write_partition(part, cfg, stages, claim, folder, index)
+    finally:
+        set_task_folder(None)
+        remove_folder(folder)
+
+
+def write_partition(
+    part: dict, cfg: BuildConfig, stages: list[Stage], claim: Claim, spill: str, index: Index | None
+) -> int | None:
+    """Stored payloads are referred to (pipeline/media_index.py), registered once done."""
+    src = cfg.source
+    reading = Reading(cfg.ray.batch_size, src.chunk_bytes, src.spill_bytes, spill)
+    inputs: deque[list[Spilled]] = deque()  # each chunk's Spilled values as it was read
+    chunks = map(partial(noted, inputs=inputs), read_chunks(part, cfg.storage_options, reading))
+    folder = join(claim.work_url, "candidates")
+    url = join(folder, candidate_name(part["part"]))
+    media = None if index is None else PartitionMedia(part["part"], index)
+    try:
+        chain = run_chain(chunks, stages)
+        rows = write_candidate(chain, inputs, url, cfg.storage_options, claim, media)
+    except ClaimLost:
         return None
-    live = [row for row in rows if row[DROP] is None]
-    work_url = claim.work_url
-    folder = join(work_url, "candidates")
-    spans = write_candidate(live, join(folder, candidate_name(part["part"])), cfg)
-    for row, (offset, length) in zip(live, spans, strict=True):
-        row["__offset__"], row["__bytes__"] = offset, length
-    write_candidate_metadata(live, join(folder, metadata_name(part["part"])), cfg)
-    mark(claim, part_marker(work_url, part["part"]), {"part": part["part"]})
-    signatures_url = join(work_url, "signatures", f"part-{part['part']:06d}.parquet")
+    live = [row for row in rows if row[DROP] is None]  # key, caption, json: shard metadata
+    write_parquet(
+        candidate_metadata(live), join(folder, metadata_name(part["part"])), cfg.storage_options
+    )
+    record = {"part": part["part"]} | finish_partition(media, folder, cfg.storage_options)
+    mark(claim, part_marker(claim.work_url, part["part"]), record)
+    signatures_url = join(claim.work_url, "signatures", f"part-{part['part']:06d}.parquet")
     write_parquet(signature_table(rows), signatures_url, cfg.storage_options)
+    if media is not None:
+        media.register()  # pending until the driver has this task's result
     return len(rows)
-
-
-def apply(chunk: dict, stages: list[Stage]) -> dict:
-    for stage in stages:
-        chunk = stage(chunk)
-    return chunk
-
-
-def run_chain(chunks: Iterator[dict], stages: list[Stage]) -> Iterator[dict]:
-    """Run the stages over chunks; leading I/O-bound stages (download) work one chunk ahead
-    in a thread, so the network wait overlaps the CPU work on the previous chunk."""
-    lead = 0
-    while lead < len(stages) and stages[lead].io_bound:
-        lead += 1
-    if lead == 0:
-        yield from (apply(chunk, stages) for chunk in chunks)
-        return
-    with ThreadPoolExecutor(1, thread_name_prefix="io-ahead") as ahead:
-        pending = None
-        for chunk in chunks:
-            submitted = ahead.submit(apply, chunk, stages[:lead])
-            if pending is not None:
-                yield apply(pending.result(), stages[lead:])
-            pending = submitted
-        if pending is not None:
-            yield apply(pending.result(), stages[lead:])
-
-
-def write_candidate(samples: list[dict], url: str, cfg: BuildConfig) -> list[tuple[int, int]]:
-    """The partition's live samples as one tar; returns each sample's byte span in it."""
-    fs, path = filesystem(url, cfg.storage_options)
-    with open_atomic(fs, path) as out:
-        return write_tar(samples, out)
-
-
-def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) -> None:
-    """Key, caption and JSON of the live samples, for the per-shard metadata parquet."""
-    write_parquet(candidate_metadata(samples), url, cfg.storage_options)
 
 
 # ---- phase B: decisions on partitioned signatures (pipeline/decide.py) -----------------------
@@ -264,10 +280,10 @@ def write_candidate_metadata(samples: list[dict], url: str, cfg: BuildConfig) ->
 def signature_groups(
     cfg: BuildConfig, parts: list[dict], work_url: str
 ) -> tuple[Groups, pa.Schema]:
-    """The partitions' signature row counts and columns (footers only), grouped."""
+    """The partitions' signature row counts, bytes and columns (footers only), grouped."""
     numbers = [p["part"] for p in parts]
-    rows, schema = scan_partitions(work_url, numbers, cfg.storage_options, runtime_runner())
-    members = plan_groups(numbers, rows, GROUP_ROWS)
+    rows, sizes, schema = scan_footers(work_url, numbers, cfg.storage_options, runtime_runner())
+    members = plan_groups(numbers, rows, GROUP_ROWS, sizes=sizes)  # capped by rows and bytes
     counts = dict(zip(numbers, rows, strict=True))
     group_rows = [sum(counts[p] for p in group) for group in members]
     return Groups(work_url, cfg.storage_options, members, group_rows), schema
@@ -297,9 +313,13 @@ def phase_c(
     specs = [spec | {"fields": fields} for spec in specs]  # one parquet schema for all shards
     record_files(claim, [name for spec in specs for name in shard_files(spec["name"])])
     done = done_shards(claim)
-    todo = [s for s in specs if s["name"] not in done]
+    todo = [i for i, s in enumerate(specs) if s["name"] not in done]
+    referring = referring_parts(claim)  # samples whose payloads are stored elsewhere
+    retirer = start_retiring(groups, found, specs, done, referring, runner)
     task = partial(shard_task, groups=groups, starts=starts, cfg=cfg, claim=claim)
-    entries = run_tasks(todo, task, "shards", progress)
+    task = partial(task, referring=frozenset(retirer.reading))
+    written = partial(shard_written, retirer=retirer, todo=todo)
+    entries = run_tasks([specs[i] for i in todo], task, "shards", progress, on_result=written)
     stopped(claim, entries)
     entries += [done[s["name"]] for s in specs if s["name"] in done]
     layout = {
@@ -311,14 +331,19 @@ def phase_c(
 
 
 def shard_task(
-    spec: dict, groups: Groups, starts: list[int], cfg: BuildConfig, claim: Claim
+    spec: dict,
+    groups: Groups,
+    starts: list[int],
+    cfg: BuildConfig,
+    claim: Claim,
+    referring: frozenset[int] = frozenset(),
 ) -> dict | None:
     """Ray task body: write one planned shard, then its marker (so a rerun skips it); returns
     its manifest entry. None (nothing written) once another run holds the output."""
     if not claim.holds():
         return None
     candidates = join(groups.work_url, "candidates")
-    spec = spans_spec(spec, groups, starts)
+    spec = with_refs(spans_spec(spec, groups, starts), candidates, referring, cfg.storage_options)
     entry = write_shard(spec, candidates, cfg.output.path, cfg.storage_options)
     mark(claim, shard_marker(groups.work_url, entry["name"]), entry)
     return entry
@@ -340,6 +365,7 @@ def commit(
     expected = output_files([e["name"] for e in entries], groups.count)
     record_files(claim, [*expected, MANIFEST])
     publish(groups, plan, runner)
+    write_buckets_file(cfg, groups.count, runner)  # counted from the signatures just published
     stats["phases"] = dict(timer.seconds)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
     manifest = manifest_document(entries, redact(json.loads(cfg.model_dump_json())), claim.build_id)
@@ -358,12 +384,6 @@ def write_report(cfg: BuildConfig, manifest: dict) -> None:
     # Why broad: the report is a view of a finished build; nothing in it may stop the commit.
     except Exception as err:  # noqa: BLE001
         log.warning("report.html not written: %s: %s", type(err).__name__, err)
-
-
-def wids_index(entries: list[dict]) -> dict[str, Any]:
-    """The shard index `wids` (webdataset's indexed reader) loads; urls relative to it."""
-    shards = [{"url": e["name"], "nsamples": e["samples"], "filesize": e["bytes"]} for e in entries]
-    return {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shards}
 
 
 class PhaseTimer:

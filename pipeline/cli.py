@@ -115,7 +115,7 @@ def report_command(output: str, storage_options: str) -> int:
 def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int:
     """`mmcurate build`. `exit_when_done` (the command's own process): once the manifest is
     committed and the summary printed, a build on the local runtime exits at once, without
-    the interpreter's teardown (nothing is left to lose; measured in BENCHMARKS.md)."""
+    the interpreter's teardown (nothing is left to lose; docs/benchmarks/fixed_cost.md)."""
     from core.redaction import redact_text
     from pipeline.build import run_build
     from pipeline.config import load_build_config

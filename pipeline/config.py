@@ -97,6 +97,12 @@ class SourceConfig(Strict):
     carry_columns: list[str] | None = Field(
         None, description="urls: columns copied into <key>.json (None: all but url and caption)."
     )
+    chunk_bytes: int = Field(
+        128 << 20, gt=0, description="Media bytes read into one chunk of a task (with batch_size)."
+    )
+    spill_bytes: int = Field(
+        16 << 20, ge=0, description="Media files or tar members above this go to local disk."
+    )
 
     _resolve = field_validator("path")(resolved_here)
 
@@ -110,6 +116,12 @@ class OutputConfig(Strict):
     overwrite: bool = Field(False, description="replace a previous mmcurate build's own files")
     allow_other_files: bool = Field(
         False, description="write into a folder holding other files (never deleted or overwritten)"
+    )
+    store_copies_once: bool = Field(
+        True, description="phase A stores a media payload seen before as a reference to it"
+    )
+    copies_index_bytes: int = Field(
+        1 << 30, gt=0, description="memory for store_copies_once's index of stored payloads"
     )
 
     _resolve = field_validator("path")(resolved_here)
@@ -132,6 +144,12 @@ class RayConfig(Strict):
     resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
         default_factory=dict,
         description="Custom Ray resources each partition task asks for, e.g. {ingest: 1}.",
+    )
+    task_memory: int | None = Field(
+        None,
+        gt=0,
+        description="Bytes of memory each partition task declares to Ray (None: 3 x "
+        "source.chunk_bytes + 512 MiB for the worker itself, see docs/configuration.md).",
     )
 
 

@@ -29,6 +29,7 @@ ROWS_PER_GROUP = 1_000_000  # a group task holds about this many rows' decision 
 # partition is one row, and rows alone would put 1M partitions (~18 GB of per-file tables) in
 # one task. 4,096 one-row files gather in ~1 s and ~20 MB (2 vCPUs, local disk).
 PARTS_PER_GROUP = 4_096
+BYTES_PER_GROUP = 1 << 30  # ... and about this many bytes of signature columns (footers' estimate)
 GATHER_BATCH = 512  # partition files read, then combined into one chunk, at a time
 KEPT_ROW_GROUP = 16_384  # kept tables are read by row range (a shard's slice)
 ORDER = [("__part__", "ascending"), ("__index__", "ascending")]
@@ -76,18 +77,24 @@ def plan_groups(
     rows: list[int],
     max_rows: int = ROWS_PER_GROUP,
     max_parts: int | None = None,
+    sizes: list[int] | None = None,
+    max_bytes: int = BYTES_PER_GROUP,
 ) -> list[list[int]]:
-    """Consecutive partitions, each run up to `max_rows` rows (a larger partition alone) and
-    `max_parts` partitions (default `PARTS_PER_GROUP`)."""
+    """Consecutive partitions, each run up to `max_rows` rows (a larger partition alone),
+    `max_parts` partitions (default `PARTS_PER_GROUP`) and, given each partition's signature
+    bytes (`sizes`), `max_bytes` bytes: wide rows (embeddings, thumbnails) make smaller groups."""
     most = PARTS_PER_GROUP if max_parts is None else max_parts
+    sizes = [0] * len(parts) if sizes is None else sizes
     groups: list[list[int]] = []
-    used = 0
-    for part, count in zip(parts, rows, strict=True):
-        if not groups or used + count > max_rows or len(groups[-1]) >= most:
+    used = held = 0
+    for part, count, size in zip(parts, rows, sizes, strict=True):
+        full = used + count > max_rows or held + size > max_bytes
+        if not groups or full or len(groups[-1]) >= most:
             groups.append([])
-            used = 0
+            used = held = 0
         groups[-1].append(part)
         used += count
+        held += size
     return groups
 
 
@@ -96,25 +103,43 @@ def scan_partitions(
 ) -> tuple[list[int], pa.Schema]:
     """Signature rows per partition and the union of their schemas, from the parquet footers,
     read in tasks of 256 files."""
+    rows, _, schema = scan_footers(work_url, parts, storage_options, runner)
+    return rows, schema
+
+
+def scan_footers(
+    work_url: str, parts: list[int], storage_options: dict, runner: Runner
+) -> tuple[list[int], list[int], pa.Schema]:
+    """`scan_partitions` plus each partition's signature bytes as a task holds them."""
     calls = [(work_url, parts[i : i + 256], storage_options) for i in range(0, len(parts), 256)]
     found = runner.run(read_footers, calls)
-    schema = pa.unify_schemas([s for _, s in found], promote_options="permissive")
-    return [n for counts, _ in found for n in counts], schema
+    schema = pa.unify_schemas([s for _, _, s in found], promote_options="permissive")
+    rows = [n for counts, _, _ in found for n in counts]
+    return rows, [b for _, sizes, _ in found for b in sizes], schema
 
 
 def read_footers(
     work_url: str, parts: list[int], storage_options: dict
-) -> tuple[list[int], pa.Schema]:
-    """Task body: each partition's signature row count, and their schemas' union."""
+) -> tuple[list[int], list[int], pa.Schema]:
+    """Task body: each partition's signature row count and bytes, and their schemas' union."""
     fs, folder = filesystem(join(work_url, "signatures"), storage_options)
-    counts, schemas = [], []
+    counts, sizes, schemas = [], [], []
     for part in parts:
         path = join(folder, signatures_name(part))
         with with_retries(lambda: fs.open(path, "rb")) as f:  # noqa: B023
             meta = pq.ParquetFile(f)
             counts.append(meta.metadata.num_rows)
+            sizes.append(footer_bytes(meta.metadata))
             schemas.append(meta.schema_arrow)
-    return counts, pa.unify_schemas(schemas, promote_options="permissive")
+    return counts, sizes, pa.unify_schemas(schemas, promote_options="permissive")
+
+
+def footer_bytes(meta: pq.FileMetaData) -> int:
+    """A signature file's bytes in memory, estimated from its footer: the uncompressed size of
+    its column data (an embedding is about dim x 2 bytes a row, a thumbnail ~1 KB) plus 8
+    bytes a row per column for offsets and validity."""
+    data = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    return data + 8 * meta.num_rows * meta.num_columns
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -26,7 +26,7 @@ from pipeline.groups import (
     read_rows,
     with_fate,
 )
-from pipeline.shards import TAR_END_BYTES, shard_name
+from pipeline.shard_format import TAR_END_BYTES, shard_name
 from pipeline.stats import count_rows
 from stages.base import DROP
 
@@ -37,7 +37,8 @@ def kept_tables(
     groups: Groups, final_round: str, timing: dict[str, str], runner: Runner
 ) -> list[dict[str, Any]]:
     """Write each group's kept rows (output order); returns per group the kept count, the
-    partitions they come from, and the group's share of the stats (pipeline/stats.py)."""
+    partitions they come from (and their kept rows), and the group's share of the stats
+    (pipeline/stats.py)."""
     calls = [(groups, final_round, timing, g) for g in range(groups.count)]
     return runner.run(write_kept, calls)
 
@@ -51,8 +52,11 @@ def write_kept(
     kept = table.filter(pc.is_null(table[DROP]))
     rows = kept.select(KEPT_COLUMNS)
     write_parquet(rows, groups.kept_url(group), groups.storage_options, KEPT_ROW_GROUP)
-    parts = pc.unique(kept["__part__"]).to_pylist()
-    return {"kept": kept.num_rows, "parts": parts, "counts": count_rows(table, timing)}
+    found = pc.value_counts(kept["__part__"]).to_pylist()
+    per_part = sorted((int(v["values"]), int(v["counts"])) for v in found)
+    share = {"kept": kept.num_rows, "parts": [part for part, _ in per_part]}
+    # kept rows per partition: which shards need each candidate tar (pipeline/retire.py)
+    return share | {"part_kept": per_part, "counts": count_rows(table, timing)}
 
 
 class ShardPlanner:

@@ -2,7 +2,7 @@
 
 Forked after the driver has imported the build's modules (stages, PIL, pyarrow), before it has
 started any thread: a worker starts in milliseconds with everything a task needs already
-loaded, where a fresh local Ray costs seconds to start (BENCHMARKS.md, issue 23). The contract
+loaded, where a fresh local Ray costs seconds to start (docs/benchmarks/fixed_cost.md). The contract
 is Ray's: results in input order, an exception in a task fails the run, and a task whose worker
 process dies is run again on a fresh worker (up to `MAX_RETRIES` times, Ray's `max_retries`),
 so a crashed worker never fails the build. In a process that already runs Ray (a test session,
@@ -87,12 +87,14 @@ def start_method() -> str:
 
 
 class LocalPool:
-    """`workers` processes started now; `run(items, fn)` runs fn(item) on them."""
+    """Up to `workers` processes, `start` of them started now (default: all); `run(items, fn)`
+    runs fn(item) on them, starting more only while a run has more tasks than live workers:
+    a build of one partition never forks a worker per core."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, start: int | None = None) -> None:
+        self.limit = max(1, workers)
         self.workers: list[_Worker] = []
-        for _ in range(workers):
-            self.workers.append(_Worker(self.workers))
+        self.grow(self.limit if start is None else start)
         self.retried = 0  # tasks run again after their worker died
         self._token = 0
         atexit.register(self.close)
@@ -100,6 +102,11 @@ class LocalPool:
     @property
     def size(self) -> int:
         return len(self.workers)
+
+    def grow(self, tasks: int) -> None:
+        """Live workers up to min(limit, tasks)."""
+        while len(self.workers) < min(self.limit, tasks):
+            self.workers.append(_Worker(self.workers))
 
     def close(self) -> None:
         for worker in self.workers:
@@ -111,9 +118,11 @@ class LocalPool:
         items: Sequence[Any],
         fn: Callable[[Any], Any],
         done: Callable[[], None] | None = None,
+        on_result: Callable[[int, Any], None] | None = None,
     ) -> list[Any]:
         """fn(item) for each item on the workers; results in input order. `done` is called
-        after each task (a progress bar's update)."""
+        after each task (a progress bar's update), `on_result(index, result)` too."""
+        self.grow(len(items))
         self._token += 1
         spawned = any(w.method == "spawn" for w in self.workers) or start_method() == "spawn"
         token, blob = self._token, dumps(fn, by_value=spawned)
@@ -137,6 +146,8 @@ class LocalPool:
                 results[index] = value
                 if done is not None:
                     done()
+                if on_result is not None:
+                    on_result(index, value)
         return results
 
     def _busy(self) -> list[_Worker]:
@@ -244,7 +255,7 @@ class PoolRunner:
 
     @property
     def parallelism(self) -> int:
-        return self.pool.size
+        return self.pool.limit  # what it may grow to: plans do not depend on what ran before
 
     def share(self, value: Any) -> Any:
         return value

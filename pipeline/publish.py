@@ -18,14 +18,14 @@ from core.mapreduce import Runner
 from pipeline.embeddings import EMBEDDING_COLUMNS, ROWS_PER_FILE, write_embeddings
 from pipeline.groups import Groups, conform, read_fate, read_group, with_fate
 from pipeline.layout import shard_of_rows
-from pipeline.shards import shard_name
+from pipeline.shard_format import shard_name
 from pipeline.signatures import signatures_file, write_signatures
 from stages.base import DROP
 
 MANIFEST = "manifest.json"
 BUILD_ID = re.compile(r"[0-9a-f]{64}")
 # Names a build writes: a file there that no build of ours recorded would be overwritten.
-RESERVED_FILES = (MANIFEST, "stats.json", "report.html", "shardindex.json")
+RESERVED_FILES = (MANIFEST, "stats.json", "report.html", "shardindex.json", "buckets.json")
 PUBLISHED_FOLDERS = ("signatures", "embeddings")
 SHARD_PREFIX = "shard-"
 ATOMIC_TMP = re.compile(r"(.+)\.tmp-[0-9a-f]{32}")  # storage.write_bytes_atomic's temp names
@@ -38,7 +38,7 @@ WORK_NAMES = re.compile(
         [
             r"build\.json\.tmp-[0-9a-f]{32}",
             "candidates|signatures|parts|shards|decide|source",
-            rf"candidates/{_PART}\.(tar|parquet){_TMP}",
+            rf"candidates/{_PART}\.(tar|parquet|media\.parquet){_TMP}",  # media: media_index
             rf"(signatures/{_PART}\.parquet|parts/{_PART}\.json){_TMP}",
             rf"shards/shard-[0-9]{{6,}}\.json{_TMP}",
             rf"{_ROUND}(/[a-z0-9-]+\.parquet{_TMP})?",
@@ -131,7 +131,7 @@ def shard_files(name: str) -> list[str]:
 
 def output_files(shards: list[str], groups: int) -> list[str]:
     """Every file (but the manifest) a build with these shards and signature groups may write."""
-    fixed = ["stats.json", "shardindex.json", "report.html"]
+    fixed = ["stats.json", "shardindex.json", "report.html", "buckets.json"]  # buckets: if asked
     fixed += [signatures_file(g) for g in range(max(1, groups))]
     return fixed + embedding_files(groups) + [f for name in shards for f in shard_files(name)]
 
@@ -159,3 +159,9 @@ def ours_manifest(value: Any) -> dict | None:
         if isinstance(build_id, str) and BUILD_ID.fullmatch(build_id):
             return value
     return None
+
+
+def wids_index(entries: list[dict]) -> dict[str, Any]:
+    """The shard index `wids` (webdataset's indexed reader) loads; urls relative to it."""
+    shards = [{"url": e["name"], "nsamples": e["samples"], "filesize": e["bytes"]} for e in entries]
+    return {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shards}

@@ -15,7 +15,7 @@ import glob
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tqdm import tqdm
@@ -23,6 +23,7 @@ from tqdm import tqdm
 from core.config_io import ConfigError
 from core.mapreduce import RayRunner, Runner
 from pipeline.config import RayConfig
+from pipeline.groups import BYTES_PER_GROUP
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
@@ -82,7 +83,9 @@ def prestart(cfg: BuildConfig) -> str:
         from pipeline.localpool import LocalPool
 
         warm_imports()
-        _POOL.append(LocalPool(cfg.ray.num_cpus or os.cpu_count() or 1))
+        # One worker forks now, warm while the driver plans; the rest as tasks need them
+        # (min(CPUs, tasks): a one-partition build never forks one per core).
+        _POOL.append(LocalPool(cfg.ray.num_cpus or os.cpu_count() or 1, start=1))
     return kind
 
 
@@ -104,7 +107,7 @@ def connect(cfg: RayConfig) -> None:
     if cfg.runtime == "local":
         from pipeline.localpool import LocalPool
 
-        _POOL.append(LocalPool(cfg.num_cpus or os.cpu_count() or 1))
+        _POOL.append(LocalPool(cfg.num_cpus or os.cpu_count() or 1, start=0))
         return
     import ray
 
@@ -133,7 +136,80 @@ def runner() -> Runner:
         from pipeline.localpool import PoolRunner
 
         return PoolRunner(_POOL[0])
-    return RayRunner()
+    return WindowRunner()
+
+
+class WindowRunner(RayRunner):
+    """Ray's runner whose `run` keeps a bounded window of tasks in flight instead of
+    submitting every call at once. Its calls (phase B rounds, kept tables, the commit's
+    groups) each hold one signature group, capped by rows and by bytes (pipeline/groups.py),
+    so the window, the cluster's CPUs but no more than its memory holds at BYTES_PER_GROUP
+    each, bounds what they hold together. Results in call order, as RayRunner's."""
+
+    def window(self) -> int:
+        import ray
+
+        memory = int(ray.cluster_resources().get("memory", 0))
+        return max(1, min(self.parallelism, memory // BYTES_PER_GROUP))
+
+    def run(self, fn: Callable[..., Any], calls: Sequence[tuple]) -> list[Any]:
+        import ray
+
+        task = ray.remote(num_cpus=1, max_retries=3)(_call_with)
+        fn_ref, window = ray.put(fn), self.window()
+        pending: dict[int, Any] = {}
+        results: list[Any] = [None] * len(calls)
+        for index, call in enumerate(calls):
+            pending[index] = task.remote(fn_ref, *call)
+            if len(pending) >= window:
+                collect_one(pending, results)
+        while pending:
+            collect_one(pending, results)
+        return results
+
+
+def _call_with(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+WORKER_BYTES = 512 << 20  # a task worker before its data: interpreter, pyarrow, PIL, numpy
+CHUNK_COPIES = 3  # a chunk held as read, as the stages' output and as the tar write's buffer
+
+
+def partition_memory(cfg: BuildConfig) -> int:
+    """Bytes a partition task declares to Ray: `ray.task_memory`, else CHUNK_COPIES x
+    `source.chunk_bytes` + WORKER_BYTES (a partition task holds about three chunks at once;
+    docs/configuration.md). A model stage run inside the task adds its model: set it then."""
+    if cfg.ray.task_memory:
+        return cfg.ray.task_memory
+    return CHUNK_COPIES * cfg.source.chunk_bytes + WORKER_BYTES
+
+
+def node_memory() -> int:
+    """The most memory (bytes) any live Ray node offers tasks."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return int(max((n["Resources"].get("memory", 0) for n in nodes), default=0))
+
+
+def fitted_memory(cfg: BuildConfig) -> int:
+    """`partition_memory`, checked against a local Ray (a task asking for more than any node
+    has would wait forever): the default is lowered to fit, an explicit `ray.task_memory`
+    that cannot fit fails in one line. On a cluster it is asked as is (an autoscaler may add
+    bigger nodes)."""
+    wanted = partition_memory(cfg)
+    if _POOL or cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+        return wanted
+    largest = node_memory()
+    if wanted <= largest or not largest:
+        return wanted
+    if cfg.ray.task_memory:
+        raise ConfigError(
+            f"ray.task_memory: {wanted} bytes per task, but this Ray's largest node offers "
+            f"{largest}; lower it or run on a cluster with bigger nodes"
+        )
+    return largest
 
 
 T = TypeVar("T")
@@ -146,19 +222,30 @@ def run_tasks(
     label: str,
     progress: bool = False,
     resources: dict[str, float] | None = None,
+    memory: int | None = None,
+    on_result: Callable[[int, R], None] | None = None,
 ) -> list[R]:
     """Run `fn(item)` for each item as a task (one CPU each); return the results in order.
 
     On the local pool, or as plain Ray tasks rather than a Ray Data `map_batches`: measured
     here, Ray Data's streaming executor held this one-partition-per-task workload to fewer
-    concurrent tasks than CPUs (BENCHMARKS.md). Items and `fn` are plain objects; tasks write
-    their own outputs to storage, and only what the driver reads comes back. `resources`:
-    custom Ray resources each task asks for besides its CPU (e.g. a node pool's label).
+    concurrent tasks than CPUs (docs/benchmarks/ingest.md). Items and `fn` are plain objects;
+    tasks write their own outputs to storage, and only what the driver reads comes back.
+    `resources`: custom Ray resources each task asks for besides its CPU (e.g. a node pool's label).
+    `memory`: bytes each Ray task declares (Ray then places no more tasks on a node than its
+    memory holds; the local pool ignores it). `on_result(index, result)` runs here, in the
+    driver, as each task's result arrives (phase C retires candidates with it).
     """
     with tqdm(total=len(items), desc=label, unit="task", disable=not progress) as bar:
+
+        def arrived(index: int, result: Any) -> None:
+            bar.update()
+            if on_result is not None:
+                on_result(index, result)
+
         if _POOL:
-            return _POOL[0].run(items, fn, bar.update)
-        return _ray_tasks(items, fn, bar, resources)
+            return _POOL[0].run(items, fn, on_result=arrived)
+        return _ray_tasks(items, fn, arrived, task_options(resources, memory))
 
 
 _REMOTE: list[Any] = []
@@ -177,33 +264,38 @@ def _run_one(fn: Callable[[Any], Any], item: Any) -> Any:
     return fn(item)
 
 
+def task_options(resources: dict[str, float] | None, memory: int | None) -> dict[str, Any]:
+    """Ray `.options()` for a task that asks for custom resources and memory (none: {})."""
+    options: dict[str, Any] = {"resources": resources} if resources else {}
+    return options | ({"memory": memory} if memory else {})
+
+
 def _ray_tasks(
-    items: list[Any], fn: Callable, bar: tqdm, resources: dict[str, float] | None
+    items: list[Any], fn: Callable, arrived: Callable[[int, Any], None], options: dict[str, Any]
 ) -> list[Any]:
     """A bounded window keeps the scheduler's queue and the driver's memory small."""
     import ray
 
     window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)
     fn_ref = ray.put(fn)
-    remote = _remote_fn().options(resources=resources) if resources else _remote_fn()
+    remote = _remote_fn().options(**options) if options else _remote_fn()
     pending: dict[int, Any] = {}
     results: list[Any] = [None] * len(items)
     for index, item in enumerate(items):
         pending[index] = remote.remote(fn_ref, item)
         if len(pending) >= window:
-            collect_one(pending, results)
-            bar.update()
+            arrived(*collect_one(pending, results))
     while pending:
-        collect_one(pending, results)
-        bar.update()
+        arrived(*collect_one(pending, results))
     return results
 
 
-def collect_one(pending: dict[int, Any], results: list) -> None:
-    """Wait for any one pending task and store its result at its index."""
+def collect_one(pending: dict[int, Any], results: list) -> tuple[int, Any]:
+    """Wait for any one pending task and store its result at its index; returns both."""
     import ray
 
     index_of = {ref: index for index, ref in pending.items()}
     done, _ = ray.wait(list(pending.values()), num_returns=1)
     index = index_of[done[0]]
     results[index] = ray.get(pending.pop(index))
+    return index, results[index]

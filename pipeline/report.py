@@ -8,7 +8,9 @@ each filter dropped; shard sizes; worker seconds per stage. Charts are inline SV
 come from the source files when the source is a folder (they are not in the shards); URL
 sources show captions.
 Thumbnails of kept samples come from the first shards, read only until the grid's samples and
-the shown duplicate groups' kept ones are found (at most `SCAN_BYTES`).
+the shown duplicate groups' kept ones are found (at most `SCAN_BYTES`). Of each member only
+pictures and captions up to MEMBER_BYTES are read (a 1 GB mp4 or picture is skipped by a seek,
+never held), and a kept sample is held as its thumbnail, not its picture.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ import base64
 import html
 import io
 import json
+import tarfile
 from collections import defaultdict
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any
 
 import pyarrow.parquet as pq
 from PIL import Image
 
 from core.storage import filesystem, join, write_bytes_atomic
-from core.tario import iter_tar_samples
+from core.tario import EXT_ALIASES, group_samples, read_exact, regular_member, split_member_name
+from pipeline.report_buckets import bucket_section
 from pipeline.report_charts import bar_chart, histogram
 from stages.base import IMAGE_COLUMNS
 
@@ -35,6 +40,7 @@ THUMB = 128
 # of 194 KB that decode_image had dropped took the driver to 931 MB).
 THUMB_MAX_PIXELS = 25_000_000
 THUMB_SOURCE_BYTES = 32 << 20
+MEMBER_BYTES = THUMB_SOURCE_BYTES  # a shard member larger is not read (not shown either)
 KEPT_GRID = 24  # kept samples shown
 DUPLICATE_GROUPS = 8  # duplicate groups shown
 REPORT_ROWS = 200_000  # the first signature group's first rows: what the charts are drawn from
@@ -61,6 +67,7 @@ def render_report(
         funnel(stats),
         language_mix(rows),
         scores(rows, manifest),
+        bucket_section(fs, root),
         duplicates(source_fs, keepers, kept),
         kept_grid(kept),
         dropped_grids(source_fs, rows),
@@ -87,15 +94,33 @@ def kept_samples(fs: Any, root: str, manifest: dict, wanted: set[str]) -> dict[s
             break
         budget -= shard["bytes"]
         with fs.open(join(root, shard["name"]), "rb") as f:
-            for sample in iter_tar_samples(f):
+            for sample in group_samples(shown_members(f)):
                 key, image = sample["__key__"], picture(sample)
                 if image is not None and (first < KEPT_GRID or key in wanted):
                     text = (sample.get("txt") or b"").decode("utf-8", "replace")
-                    found[key] = {"image": image, "txt": text, "first": first < KEPT_GRID}
+                    found[key] = {"image": picture_tag(image), "txt": text}  # a thumbnail
+                    found[key]["first"] = first < KEPT_GRID
                     first += 1 if first < KEPT_GRID else 0
                 if enough(found, wanted, first):
                     break
     return found
+
+
+def shown_members(f: IO[bytes]) -> Iterator[tuple[str, Any]]:
+    """(name, read) of a shard's members as core.tario.tar_files gives them, where only
+    PICTURE_COLUMNS members up to MEMBER_BYTES are read; any other reads as b"" and is passed
+    by a seek. Ends at the first header that is not a plain file's (our shards hold no other)."""
+    while member := regular_member(f.read(tarfile.BLOCKSIZE)):
+        name, size = member
+        ext = split_member_name(name)[1]
+        padding = -size % tarfile.BLOCKSIZE
+        if EXT_ALIASES.get(ext, ext) in PICTURE_COLUMNS and size <= MEMBER_BYTES:
+            data = read_exact(f, size)
+            f.seek(padding, io.SEEK_CUR)
+        else:
+            data = b""
+            f.seek(size + padding, io.SEEK_CUR)
+        yield name, lambda data=data: data
 
 
 def enough(found: dict[str, dict], wanted: set[str], first: int) -> bool:
@@ -110,6 +135,9 @@ def duplicate_groups(rows: list[dict]) -> dict[str, list[dict]]:
         if row.get("drop_reason") in DUPLICATE_REASONS and row.get("duplicate_of"):
             groups[row["duplicate_of"]].append(row)
     return groups
+
+
+PICTURE_COLUMNS = frozenset((*IMAGE_COLUMNS, "000.jpg", "txt"))  # what the grid reads (no video)
 
 
 def picture(sample: dict) -> bytes | None:
@@ -136,6 +164,11 @@ def source_picture(fs: Any, row: dict) -> bytes | None:
 
 
 def thumb(data: bytes | None, caption: str = "", note: str = "") -> str:
+    return figure(picture_tag(data), caption, note)
+
+
+def picture_tag(data: bytes | None) -> str:
+    """The picture as a small embedded JPEG (or why there is none)."""
     img = '<div class="missing">not stored</div>'
     if data:
         try:
@@ -151,6 +184,10 @@ def thumb(data: bytes | None, caption: str = "", note: str = "") -> str:
         # Why broad: any image that cannot be thumbnailed (bombs, odd modes) is shown as such.
         except Exception:  # noqa: BLE001
             img = '<div class="missing">undecodable</div>'
+    return img
+
+
+def figure(img: str, caption: str = "", note: str = "") -> str:
     label = html.escape(caption[:80])
     tag = f"<b>{html.escape(note)}</b><br>" if note else ""
     return f"<figure>{img}<figcaption>{tag}{label}</figcaption></figure>"
@@ -225,7 +262,7 @@ def duplicates(fs: Any, groups: dict[str, list[dict]], kept: dict[str, dict]) ->
         return ""
     blocks = []
     for keeper, members in shown[:DUPLICATE_GROUPS]:
-        cells = [thumb(kept[keeper]["image"], keeper, "kept")]
+        cells = [figure(kept[keeper]["image"], keeper, "kept")]
         cells += [
             thumb(source_picture(fs, r), r["key"], r["drop_reason"].removeprefix("duplicate_"))
             for r in members[:5]
@@ -235,7 +272,7 @@ def duplicates(fs: Any, groups: dict[str, list[dict]], kept: dict[str, dict]) ->
 
 
 def kept_grid(kept: dict[str, dict]) -> str:
-    cells = [thumb(v["image"], v["txt"]) for v in kept.values() if v["first"]]
+    cells = [figure(v["image"], v["txt"]) for v in kept.values() if v["first"]]
     return f'<h2>Kept samples</h2><div class="grid">{"".join(cells)}</div>' if cells else ""
 
 

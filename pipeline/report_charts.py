@@ -1,7 +1,7 @@
 """The report's charts as inline SVG: horizontal bars and histograms.
 
 Hand-drawn SVG instead of matplotlib PNGs: importing and driving matplotlib cost ~1.5 s of a
-3,000-image build's 9.6 s (BENCHMARKS.md, "Fixed cost of a small build"); these charts need
+3,000-image build's 9.6 s (docs/benchmarks/fixed_cost.md); these charts need
 only rectangles, a few labels and one axis, and they stay sharp at any zoom.
 """
 

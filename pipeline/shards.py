@@ -1,6 +1,5 @@
-"""Final shard layout (pure planning), writing one planned shard (runs in a Ray task), and the
-done markers of a build's tasks (a partition's, a shard's), which a rerun trusts only when they
-name its build and a run it trusts (pipeline/resume.py).
+"""Final shard layout (pure planning) and writing one planned shard (runs in a Ray task); the
+done markers of a build's tasks live in pipeline/markers.py.
 
 Samples keep the source order: sorted by (partition, index). Shards are filled greedily up
 to `shard_max_samples` samples and `shard_max_bytes` bytes (a single larger sample gets a shard
@@ -21,35 +20,37 @@ import io
 import json
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.mapreduce import Runner
 from core.storage import (
-    cat_many,
     filesystem,
     is_local,
     join,
     open_atomic,
     with_retries,
-    write_bytes_atomic,
     write_parquet,
 )
+from pipeline.markers import (  # noqa: F401  (their home before pipeline/markers.py)
+    ENTRY_KEYS,
+    done_parts,
+    done_records,
+    done_shards,
+    mark,
+    part_marker,
+    shard_marker,
+)
+from pipeline.shard_format import TAR_END_BYTES, shard_name
 from stages.base import sample_meta
 
-if TYPE_CHECKING:
-    from pipeline.resume import Claim
-
-TAR_END_BYTES = 1024  # two zero blocks close a tar
 HASH_CHUNK = 1 << 20  # bytes of a local candidate hashed per read
+COPY_BLOCK = 8 << 20  # bytes per ranged read when a shard is copied from an object store
+COPY_BATCH = 16 << 20  # ranged reads in flight together, in bytes: what a copy holds at most
 KERNEL_COPY = hasattr(os, "copy_file_range")  # Linux: local shards copied without Python
 FIELDS_KEY = b"mmcurate.fields"  # in a candidate metadata file's footer: its field kinds
-
-
-def shard_name(index: int) -> str:
-    return f"shard-{index:06d}.tar"
 
 
 def candidate_name(part: int) -> str:
@@ -103,17 +104,62 @@ def merged_runs(spans: list[tuple[str, int, int]]) -> list[tuple[int, int]]:
 
 
 def copy_spans(candidates_url: str, spec: dict, storage_options: dict, out: HashingWriter) -> None:
-    """Append the spec's sample records, in order, from the candidate tars to `out`."""
+    """Append the spec's sample records, in order, from the candidate tars to `out`; a
+    partition whose samples refer to payloads elsewhere (`spec["refs"]`) by pieces."""
+    refs = spec.get("refs") or {}
     for part, spans in spec["parts"]:
-        fs, path = filesystem(join(candidates_url, candidate_name(part)), storage_options)
-        runs = merged_runs(spans)
-        if is_local(fs) and KERNEL_COPY:
-            out.copy_runs(path, runs)
+        if part not in refs:
+            copy_runs(candidates_url, part, merged_runs(spans), storage_options, out)
             continue
-        starts, ends = [a for a, _ in runs], [b for _, b in runs]
-        blobs = with_retries(lambda: fs.cat_ranges([path] * len(runs), starts, ends))  # noqa: B023
+        from pipeline.shard_refs import part_pieces, runs_of  # only builds with references
+
+        for group in runs_of(part_pieces(part, spans, refs[part])):
+            if isinstance(group, bytes):
+                out.write(group)
+            else:
+                copy_runs(candidates_url, group[0], group[1], storage_options, out)
+
+
+def copy_runs(
+    candidates_url: str,
+    part: int,
+    runs: list[tuple[int, int]],
+    storage_options: dict,
+    out: HashingWriter,
+) -> None:
+    """Append (start, end) byte runs of one candidate tar: by the kernel from a local one,
+    else by ranged reads in bounded batches."""
+    fs, path = filesystem(join(candidates_url, candidate_name(part)), storage_options)
+    if is_local(fs) and KERNEL_COPY:
+        out.copy_runs(path, runs)
+        return
+    for batch in block_batches(runs):
+        starts, ends = [a for a, _ in batch], [b for _, b in batch]
+        blobs = with_retries(
+            lambda: fs.cat_ranges([path] * len(starts), starts, ends)  # noqa: B023
+        )
         for blob in blobs:
             out.write(blob)
+        del blobs  # before the next batch is read: one batch in memory at a time
+
+
+def block_batches(
+    runs: list[tuple[int, int]], block: int = COPY_BLOCK, batch: int = COPY_BATCH
+) -> list[list[tuple[int, int]]]:
+    """(start, end) runs cut into blocks of at most `block` bytes, grouped into batches of at
+    most `batch` bytes (a batch's ranges are fetched together; one batch is held at a time),
+    in order: a shard or a run is never held whole."""
+    batches: list[list[tuple[int, int]]] = [[]]
+    used = 0
+    for start, end in runs:
+        for at in range(start, end, block):
+            size = min(block, end - at)
+            if batches[-1] and used + size > batch:
+                batches.append([])
+                used = 0
+            batches[-1].append((at, at + size))
+            used += size
+    return batches if batches[-1] else []
 
 
 def spec_metadata(candidates_url: str, spec: dict, storage_options: dict) -> list[dict]:
@@ -345,55 +391,3 @@ def metadata_column(values: list[Any], kind: str) -> pa.Array:
     if kind == "json":
         values = [None if v is None else json.dumps(v, ensure_ascii=False) for v in values]
     return pa.array(values, ARROW_TYPES[kind])
-
-
-# ---- done markers: a partition's and a shard's, each naming the build and run that wrote it
-
-
-def part_marker(work_url: str, part: int) -> str:
-    """Written just before the partition's signatures (its completion mark): who wrote them."""
-    return join(work_url, "parts", f"part-{part:06d}.json")
-
-
-def shard_marker(work_url: str, name: str) -> str:
-    return join(work_url, "shards", name.replace(".tar", ".json"))
-
-
-ENTRY_KEYS = ("name", "samples", "bytes", "sha256")  # a shard's manifest entry
-
-
-def mark(claim: Claim, url: str, record: dict[str, Any]) -> None:
-    """A done marker: `record` plus this build's id and this run's."""
-    fs, path = filesystem(url, claim.storage_options)
-    write_bytes_atomic(fs, path, json.dumps(record | claim.stamp()).encode())
-
-
-def done_parts(claim: Claim) -> set[int]:
-    """Partitions whose signatures exist and whose marker names this build and a run it trusts."""
-    fs, folder = filesystem(join(claim.work_url, "signatures"), claim.storage_options)
-    fs.invalidate_cache(folder)  # other processes wrote there: never trust a cached listing
-    found = fs.glob(join(folder, "part-*.parquet")) if fs.exists(folder) else []
-    signed = {path.rpartition("/")[2].removesuffix(".parquet") for path in found}
-    return {int(name[5:]) for name in done_records(claim, "parts") if name in signed}
-
-
-def done_shards(claim: Claim) -> dict[str, dict]:
-    """Manifest entries of final shards already written by this build and a run it trusts."""
-    records = done_records(claim, "shards").values()
-    return {r["name"]: {key: r[key] for key in ENTRY_KEYS} for r in records}
-
-
-def done_records(claim: Claim, folder: str) -> dict[str, dict]:
-    """The markers in `_work/<folder>/` that name this build and a run it trusts, by name."""
-    fs, path = filesystem(join(claim.work_url, folder), claim.storage_options)
-    fs.invalidate_cache(path)
-    paths = fs.glob(join(path, "*.json")) if fs.exists(path) else []
-    found = {}
-    for name, blob in cat_many(fs, paths).items():
-        try:
-            record = json.loads(blob) if isinstance(blob, bytes) else None
-        except ValueError:
-            continue  # not a marker of ours
-        if claim.trusts(record):
-            found[name.rpartition("/")[2].removesuffix(".json")] = record
-    return found

@@ -39,6 +39,10 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         "language_confidence": pa.float32(),
         "embedding": pa.list_(pa.float16()),
         "text_embedding": pa.list_(pa.float16()),
+        "bucket": pa.string(),  # aspect_buckets (buckets.json is counted from these three)
+        "aspect_error": pa.float32(),
+        "crop_share": pa.float32(),
+        "aesthetic_score": pa.float32(),
     }
     seen = dict.fromkeys(c for row in rows for c in row) if rows else types  # chunks differ
     columns = [c for c in seen if c not in NOT_SIGNATURE and not is_media_column(c)]

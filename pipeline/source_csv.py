@@ -29,17 +29,21 @@ def parse_options(fmt: str, on_bad_row: Callable[[Any], str] | None = None) -> p
 
 
 def read_csv_rows(
-    open_: Callable[[], Any], fmt: str, convert: pacsv.ConvertOptions | None = None
+    open_: Callable[[], Any],
+    fmt: str,
+    convert: pacsv.ConvertOptions | None = None,
+    threads: bool = True,
 ) -> pa.Table:
     """The csv/tsv text `open_()` opens (with its header row) as a table; rows with the wrong
-    number of fields are kept in place as BAD_ROW rows (their other cells null)."""
+    number of fields are kept in place as BAD_ROW rows (their other cells null). `threads`
+    False: one thread (a planning pass over small blocks, where threads only add buffers)."""
     bad: list[int | None] = []
 
     def skip(row: Any) -> str:
         bad.append(row.number)  # the row's number among non-blank rows, header = 1
         return "skip"
 
-    table = parse(open_, fmt, convert, skip, threads=True)
+    table = parse(open_, fmt, convert, skip, threads=threads)
     if not bad:
         return table
     if None in bad:  # the threaded parser does not number rows: parse again, in one thread

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.storage import filesystem, join, with_protocol, with_retries, write_bytes_atomic
+from pipeline.source_tables import file_format, read_table
 
 log = logging.getLogger("mmcurate.sources")
 STAGE_FOLDER = "source"
@@ -100,8 +101,6 @@ def stage_file(job: dict[str, Any], storage_options: dict[str, Any]) -> int:
     """Read the file once (as a whole-file read parses it) and write each partition's rows
     (the used columns) as its own small parquet file, atomically; the `done` mark last.
     Returns the rows written."""
-    from pipeline.source_urls import file_format, read_table  # the one parse of a list
-
     fs, path = filesystem(job["source"], storage_options)
     out_fs, folder = filesystem(job["folder"], storage_options)
     every = job["rows_per_part"]

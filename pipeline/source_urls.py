@@ -10,6 +10,9 @@ file counts as 0 rows; lists with no row at all are a ConfigError.
 A partition reads only its rows: planning (plan_file) decides how, per file; see
 pipeline/source_ranges.py (row groups, byte ranges) and pipeline/source_staging.py (a parquet
 copy under `_work/` for lists without random access: gzip, quoted newlines, huge row groups).
+Planning streams each text list (list_shape, pipeline/source_infer.py: memory bounded by a few
+blocks) and finds the rows, columns and schema the whole-file read would (read_table,
+pipeline/source_tables.py).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import shutil
+import tempfile
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from core.config_io import ConfigError, one_line
@@ -38,75 +42,27 @@ from core.storage import (
 )
 from pipeline.config import SourceConfig
 from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
-from pipeline.source_csv import BAD_ROW, parse_options, read_csv_rows
+from pipeline.source_csv import BAD_ROW
+from pipeline.source_infer import ListShape, csv_names, csv_rows, csv_schema, json_shape
 from pipeline.source_ranges import (
     binary_where_not_utf8,
     group_starts,
     groups_for,
-    json_table,
     pack_schema,
     read_byte_range,
     read_row_groups,
     scan_rows,
-    widened,
 )
 from pipeline.source_staging import stage_folder
+from pipeline.source_tables import file_format, is_empty, opener, read_table
 from stages.base import DROP, DROP_STAGE
 
-FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
 KEY_DIGITS = 9
 OWN_FIELDS = ("key", "url", "caption")  # the sample's in <key>.json; a list's: `source_<name>`
 STAGE_RATIO = 2  # parquet row groups above this many partitions: staged (reads ~ r+1 vs ~3)
 # What backends report that changes with a file's content (s3fs, gcsfs, local, http, ...)
 UNREADABLE = (pa.ArrowException, EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError)
 log = logging.getLogger("mmcurate.sources")
-
-
-def file_format(path: str) -> str:
-    name = path.removesuffix(".gz")
-    for suffix, fmt in FORMATS.items():
-        if name.endswith(suffix):
-            return fmt
-    raise ConfigError(f"source.path: {path}: not a parquet, csv, tsv or jsonl file")
-
-
-def read_table(fs: Any, path: str, text_columns: tuple[str, ...] = ()) -> pa.Table:
-    """The whole table; url/caption columns of csv/tsv read as bytes (UTF-8 checked later),
-    jsonl as json_table reads it. An empty csv/tsv/jsonl file: no columns, no rows."""
-    fmt = file_format(path)
-    compression = "gzip" if path.endswith(".gz") else None
-
-    def open_() -> Any:
-        return fs.open(path, "rb", compression=compression)
-
-    if fmt == "jsonl":
-        return json_table(open_)
-    with open_() as src:
-        if fmt == "parquet":  # ParquetFile: read_table imports pyarrow.dataset (~35 ms)
-            return pq.ParquetFile(src).read()
-        try:
-            names = pacsv.open_csv(src, parse_options=parse_options(fmt, skip)).schema.names
-        except pa.ArrowInvalid:
-            if not is_empty(open_):
-                raise
-            return pa.table({})
-    columns = {c: pa.binary() for c in text_columns if c in names}
-    table = read_csv(open_, fmt, columns)
-    exact = {name: pa.string() for name in widened(table)}  # 20-digit ids: as written
-    return read_csv(open_, fmt, columns | exact) if exact else table
-
-
-def read_csv(open_: Callable[[], Any], fmt: str, types: dict[str, pa.DataType]) -> pa.Table:
-    return read_csv_rows(open_, fmt, pacsv.ConvertOptions(column_types=types))
-
-
-def skip(row: Any) -> str:
-    return "skip"  # the header's names are all planning needs here
-
-
-def is_empty(open_: Callable[[], Any]) -> bool:
-    with open_() as src:
-        return not src.read(1)
 
 
 def list_url_files(cfg: SourceConfig, storage_options: dict[str, Any]) -> tuple[Any, list[str]]:
@@ -165,13 +121,41 @@ def plan_file(fs: Any, path: str, cfg: SourceConfig) -> tuple[int, Callable[[int
     return rows, lambda start, count: version | how(start, count)
 
 
-def check_some_row_fits(table: pa.Table, path: str, fmt: str) -> None:
+def check_some_row_fits(shape: ListShape, path: str, fmt: str) -> None:
     """A csv/tsv list whose every row has the wrong field count is not a list of that shape
     (another delimiter?): a ConfigError, as a jsonl list with no object is."""
-    if fmt != "jsonl" and BAD_ROW in table.column_names and table[BAD_ROW].null_count == 0:
-        fields = len(table.column_names) - 1
+    if fmt != "jsonl" and shape.rows and shape.bad_rows == shape.rows:
+        fields = len(shape.names) - 1
         why = f"no row has the header's {fields} fields"
         raise ConfigError(f"source.path: {path}: not a readable {fmt} list ({why})")
+
+
+def list_shape(fs: Any, path: str) -> ListShape:
+    """Rows and column names as a whole-file read (read_table) finds them, streamed
+    (pipeline/source_infer.py); jsonl: its schema too. An empty file: no rows, no columns."""
+    fmt = file_format(path)
+    open_ = opener(fs, path)
+    if fmt == "jsonl":
+        return json_shape(open_)
+    if fmt == "parquet":  # gzipped: its footer is at the end of the unpacked bytes
+        return gzipped_parquet_shape(open_)
+    try:
+        names = csv_names(open_, fmt)
+    except pa.ArrowInvalid:
+        if not is_empty(open_):
+            raise
+        return ListShape(0, [])
+    return csv_rows(open_, fmt, names)
+
+
+def gzipped_parquet_shape(open_: Callable[[], Any]) -> ListShape:
+    """Rows and columns of a gzipped parquet file, unpacked to a local temporary file."""
+    with tempfile.TemporaryFile() as copy:
+        with open_() as src:
+            shutil.copyfileobj(src, copy, 1 << 20)
+        copy.seek(0)
+        meta = pq.ParquetFile(copy)
+        return ListShape(meta.metadata.num_rows, meta.schema_arrow.names)
 
 
 def plan_text(
@@ -179,31 +163,39 @@ def plan_text(
 ) -> tuple[int, Callable[[int, int], dict]]:
     """csv / tsv / jsonl, gzipped or not: byte ranges where rows are one line each, else staged."""
     fmt, every = file_format(path), cfg.files_per_task
-    table = read_table(fs, path, (cfg.url_column, cfg.caption_column))  # the schema, as today
-    if not table.num_rows and not table.column_names:  # an empty file: 0 rows, no partition
+    shape = list_shape(fs, path)
+    if not shape.rows and not shape.names:  # an empty file: 0 rows, no partition
         return 0, lambda start, count: {}
-    columns = needed_columns(table.column_names, path, cfg)
-    check_some_row_fits(table, path, fmt)
+    columns = needed_columns(shape.names, path, cfg)
+    check_some_row_fits(shape, path, fmt)
     common = {"format": fmt, "columns": columns}
     folder = stage_folder(path, every, columns, version)
     staged = {**common, "read": "whole", "stage": folder, "stage_rows": every}
     if path.endswith(".gz"):
-        return table.num_rows, lambda start, count: staged | {"stage_index": start // every}
+        return shape.rows, lambda start, count: staged | {"stage_index": start // every}
     scan = scan_rows(fs, path, every, header=fmt != "jsonl", json=fmt == "jsonl")
-    if scan.lone_cr or scan.data_rows != table.num_rows or not scan.one_per_line:
+    if scan.lone_cr or scan.data_rows != shape.rows or not scan.one_per_line:
         why = "rows not one per line (quoted newlines? objects sharing a line?)"
         log.warning("source: %s: %s: staged as parquet", path, why)
-        return table.num_rows, lambda start, count: staged | {"stage_index": start // every}
+        return shape.rows, lambda start, count: staged | {"stage_index": start // every}
     size = version["file_size"]
     ends = [*scan.starts[1:], size]
-    common |= {"read": "bytes", "schema": pack_schema(table.schema)}
-    common["header"] = scan.data_start if fmt != "jsonl" else 0
+    header = scan.data_start if fmt != "jsonl" else 0
+    schema = shape.schema or text_schema(fs, path, cfg, shape, header or 0)
+    common |= {"read": "bytes", "schema": pack_schema(schema), "header": header}
 
     def byte_range(start: int, count: int) -> dict:
         index = start // every
         return common | {"range": [scan.starts[index], ends[index]]}
 
-    return table.num_rows, byte_range
+    return shape.rows, byte_range
+
+
+def text_schema(fs: Any, path: str, cfg: SourceConfig, shape: ListShape, header: int) -> pa.Schema:
+    """A plain csv/tsv list's schema as read_table reads it: url and caption as bytes."""
+    fmt = file_format(path)
+    explicit = {c: pa.binary() for c in (cfg.url_column, cfg.caption_column) if c in shape.names}
+    return csv_schema(lambda: fs.open(path, "rb"), fmt, header, shape, explicit)
 
 
 def plan_parquet(

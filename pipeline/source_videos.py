@@ -1,7 +1,8 @@
 """The `videos` source: a folder, a glob, or a list file (parquet/csv/tsv/jsonl) of videos.
 
 - folder: every .mp4/.webm/.avi/.mkv/.mov under it, captions from sidecar `<name>.txt`
-  (the same reader as `images`);
+  (the same reader as `images`); keys from file names, unique with clip_split's too
+  (`disambiguate_keys`);
 - glob (`s3://bucket/videos/*/*.mp4`): the matching video files, captions from sidecars;
 - list file: one row per video, `path_column` (default `path`: absolute, a URL, or relative to
   the list's folder) and `caption_column`; keys are the row numbers (`000000042`), so a rerun
@@ -11,20 +12,33 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from core.config_io import ConfigError
 from core.pandas_probe import pandas_for_nanoseconds
-from core.storage import GLOB_CHARS, cat_many, filesystem, protocol_of, store_version, with_protocol
+from core.storage import GLOB_CHARS, filesystem, protocol_of, store_version, with_protocol
 from core.tario import safe_key
 from pipeline.config import SourceConfig
-from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch
+from pipeline.samples import (
+    SOURCE,
+    WHOLE,
+    Reading,
+    append_sample,
+    decode_caption,
+    empty_batch,
+    whole_batch,
+)
 from pipeline.source_csv import BAD_ROW
-from pipeline.source_urls import FORMATS, file_format, read_table
+from pipeline.source_files import fetch_files, file_groups, file_sizes
+from pipeline.source_tables import FORMATS, file_format, read_table
 from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Columns
 
 VIDEO_EXTS = set(VIDEO_COLUMNS)
+# A key clip_split makes, `<key>_0000` (stages/clip_split.py; up to 5 digits: max_clips)
+CLIP_KEY = re.compile(r"(.+)_[0-9]{4,5}")
 
 
 def is_list_file(path: str) -> bool:
@@ -62,15 +76,32 @@ def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
 
 def disambiguate_keys(entries: list[dict[str, Any]]) -> None:
     """`a.jpg` and `a.png` share a stem (and `a b` and `a_b` a readable form): every key
-    of such a group becomes the key of its whole relative path, which is unique. Again until
-    no key is shared: a file may already be named like such a key."""
+    of such a group becomes the key of its whole relative path, which is unique. So does a
+    key clip_split could also make from a video's key (`a_0001` beside `a.mp4`): a whole-path
+    key ends in a hash, never in a clip number. Again until no key clashes: a file may already
+    be named like such a key. Planning sees every file, so keys do not depend on partitions."""
     while True:
         seen = Counter(entry["key"] for entry in entries)
-        clashing = [e for e in entries if seen[e["key"]] > 1 and e["key"] != safe_key(e["rel"])]
+        videos = {e["key"] for e in entries if e["rel"].rpartition(".")[2].lower() in VIDEO_EXTS}
+        clashing = [
+            e
+            for e in entries
+            if (seen[e["key"]] > 1 or is_clip_key_of(e["key"], videos))
+            and e["key"] != safe_key(e["rel"])
+        ]
         if not clashing:
             return
         for entry in clashing:
             entry["key"] = safe_key(entry["rel"])
+
+
+def is_clip_key_of(key: str, videos: set[str]) -> bool:
+    """Whether clip_split (once or more) could make `key` from one of these video keys."""
+    while found := CLIP_KEY.fullmatch(key):
+        key = found.group(1)
+        if key in videos:
+            return True
+    return False
 
 
 def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -106,21 +137,64 @@ def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
 
 
 def read_video_list(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
-    """Fetch one partition's videos (one batched `cat` per filesystem)."""
-    batch = empty_batch()
-    by_protocol: dict[str, list[str]] = {}
-    for row in part["rows"]:
+    """One partition's videos, as one batch."""
+    return whole_batch(video_list_chunks(part, storage_options, WHOLE))
+
+
+def video_list_chunks(
+    part: dict[str, Any], storage_options: dict[str, Any], reading: Reading
+) -> Iterator[Columns]:
+    """A list partition in chunks of rows bounded in count and bytes; each chunk's videos
+    fetched with one batched `cat` per filesystem (those above `spill_bytes` by path or
+    spilled, never whole)."""
+    rows = part["rows"]
+    sizes: list[int | None] = [None] * len(rows)
+    if reading != WHOLE:
+        sizes = list_sizes(rows, storage_options)
+    for group in file_groups(sizes, reading):
+        chosen = [(rows[i], sizes[i]) for i in group]
+        blobs = fetch_rows(chosen, storage_options, reading)
+        batch = empty_batch()
+        for index in group:
+            row = rows[index]
+            append_sample(batch, video_row(row, blobs.get(row["url"]), part["part"], index))
+        yield batch
+
+
+def by_protocol(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Positions of the rows with a video, by the protocol of its URL."""
+    found: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
         if row["url"]:
-            by_protocol.setdefault(protocol_of(row["url"]), []).append(row["url"])
-    blobs: dict[str, Any] = {}
-    for protocol, urls in by_protocol.items():
+            found.setdefault(protocol_of(row["url"]), []).append(i)
+    return found
+
+
+def list_sizes(rows: list[dict[str, Any]], storage_options: dict[str, Any]) -> list[int | None]:
+    sizes: list[int | None] = [None] * len(rows)
+    for protocol, places in by_protocol(rows).items():
         fs, _ = filesystem(with_protocol(protocol, "/"), storage_options)
+        paths = [filesystem(rows[i]["url"], storage_options)[1] for i in places]
+        for i, size in zip(places, file_sizes(fs, paths), strict=True):
+            sizes[i] = size
+    return sizes
+
+
+def fetch_rows(
+    chosen: list[tuple[dict[str, Any], int | None]],
+    storage_options: dict[str, Any],
+    reading: Reading,
+) -> dict[str, Any]:
+    """The videos of some rows by URL (bytes, Spilled, or the error that reading gave)."""
+    rows = [row for row, _ in chosen]
+    blobs: dict[str, Any] = {}
+    for protocol, places in by_protocol(rows).items():
+        fs, _ = filesystem(with_protocol(protocol, "/"), storage_options)
+        urls = [rows[i]["url"] for i in places]
         paths = [filesystem(url, storage_options)[1] for url in urls]
-        fetched = cat_many(fs, paths)
+        fetched = fetch_files(fs, paths, [chosen[i][1] for i in places], reading)
         blobs.update({url: fetched.get(p) for url, p in zip(urls, paths, strict=True)})
-    for index, row in enumerate(part["rows"]):
-        append_sample(batch, video_row(row, blobs.get(row["url"]), part["part"], index))
-    return batch
+    return blobs
 
 
 def video_row(row: dict[str, Any], data: Any, part: int, index: int) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from typing import Any
 from core.config_io import ConfigError
 from core.formats import meta_json
 from core.storage import (
-    cat_many,
     filesystem,
     find_versions,
     is_glob,
@@ -28,11 +27,21 @@ from core.storage import (
     store_version,
     transient_errors,
     with_protocol,
-    with_retries,
 )
-from core.tario import EXT_ALIASES, LINKS, iter_tar_samples, safe_key, text_name
+from core.tario import EXT_ALIASES, LINKS, SpillTo, iter_tar_samples, safe_key, text_name
 from pipeline.config import SourceConfig
-from pipeline.samples import SOURCE, append_sample, decode_caption, empty_batch, sanitize_key
+from pipeline.samples import (
+    SOURCE,
+    WHOLE,
+    Chunker,
+    Reading,
+    append_sample,
+    decode_caption,
+    empty_batch,
+    sanitize_key,
+    whole_batch,
+)
+from pipeline.source_files import fetch_files, file_groups, file_sizes
 from pipeline.source_urls import plan_urls, read_urls
 from pipeline.source_videos import (
     VIDEO_EXTS,
@@ -40,7 +49,7 @@ from pipeline.source_videos import (
     is_list_file,
     plan_video_glob,
     plan_video_list,
-    read_video_list,
+    video_list_chunks,
 )
 from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Columns
 
@@ -68,7 +77,7 @@ def plan_images(
     for path in files:
         rel = path[len(root) + 1 :]
         stem = rel.rpartition(".")[0]
-        entry = {"rel": rel, "key": safe_key(stem)}
+        entry = {"rel": rel, "key": safe_key(stem), "size": listed_size(listing[path])}
         entry.update({ext: f"{root}/{stem}.{ext}" in listing for ext in SIDECARS})
         entries.append(entry)
         sidecars = [listing.get(f"{root}/{stem}.{ext}", "") for ext in SIDECARS]
@@ -88,6 +97,13 @@ def plan_images(
     ]
 
 
+def listed_size(version: str) -> int | None:
+    """The size in a listing's "size:tag" version (None where the listing had none), so a
+    task can plan its reads in bytes without a request per file."""
+    size = version.partition(":")[0]
+    return int(size) if size.isdigit() else None
+
+
 def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()
 
@@ -97,18 +113,35 @@ def sidecar_path(root: str, entry: dict[str, Any], ext: str) -> str:
 
 
 def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
-    """Read one partition's image bytes, captions and metadata (one batched `cat`)."""
+    """One partition's image bytes, captions and metadata, as one batch."""
+    return whole_batch(image_chunks(part, storage_options, WHOLE))
+
+
+def image_chunks(
+    part: dict[str, Any], storage_options: dict[str, Any], reading: Reading
+) -> Iterator[Columns]:
+    """A folder partition in chunks: each a group of files bounded in count and bytes, read
+    with one batched `cat` (files above `spill_bytes` by path or spilled, never whole)."""
     fs, _ = filesystem(with_protocol(part["protocol"], part["root"]), storage_options)
-    root = part["root"]
-    wanted = [f"{root}/{e['rel']}" for e in part["entries"]]
-    for ext in SIDECARS:
-        wanted += [sidecar_path(root, e, ext) for e in part["entries"] if e.get(ext)]
-    blobs = cat_many(fs, wanted)
-    for path, value in blobs.items():  # a storage hiccup must not turn into read_error drops
-        if isinstance(value, Exception) and not isinstance(value, FileNotFoundError):
-            blobs[path] = read_or_error(fs, path)
+    root, entries = part["root"], part["entries"]
+    sizes = [e.get("size") for e in entries]
+    if reading != WHOLE and None in sizes:  # planned by a listing without sizes
+        sizes = file_sizes(fs, [f"{root}/{e['rel']}" for e in entries])
+    for group in file_groups(sizes, reading):
+        chosen = [entries[i] for i in group]
+        wanted = [f"{root}/{e['rel']}" for e in chosen]
+        wanted_sizes = [sizes[i] for i in group]
+        for ext in SIDECARS:
+            found = [sidecar_path(root, e, ext) for e in chosen if e.get(ext)]
+            wanted, wanted_sizes = wanted + found, wanted_sizes + [None] * len(found)
+        blobs = fetch_files(fs, wanted, wanted_sizes, reading)
+        yield image_batch(part, root, group, blobs)
+
+
+def image_batch(part: dict[str, Any], root: str, group: range, blobs: dict) -> Columns:
     batch = empty_batch()
-    for index, entry in enumerate(part["entries"]):
+    for index in group:
+        entry = part["entries"][index]
         path = f"{root}/{entry['rel']}"
         found = [
             blobs.get(sidecar_path(root, entry, ext)) if entry.get(ext) else None
@@ -118,13 +151,6 @@ def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Column
         sample.update({"__part__": part["part"], "__index__": index, "__source__": text_name(path)})
         append_sample(batch, sample)
     return batch
-
-
-def read_or_error(fs: Any, path: str) -> bytes | Exception:
-    try:
-        return with_retries(lambda: fs.cat_file(path))
-    except transient_errors() as err:
-        return err
 
 
 def image_sample(
@@ -197,52 +223,67 @@ def tar_versions(fs: Any, pattern: str) -> dict[str, str]:
 
 
 def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
-    """Stream one tar. A transient storage error restarts the stream (bounded); a damaged tar
-    keeps the samples before the damage and counts one `corrupt_tar` error."""
+    """One tar's samples, as one batch."""
+    return whole_batch(webdataset_chunks(part, storage_options, WHOLE))
+
+
+def webdataset_chunks(
+    part: dict[str, Any], storage_options: dict[str, Any], reading: Reading
+) -> Iterator[Columns]:
+    """Stream one tar in chunks. A transient storage error restarts the stream past the
+    samples already read (bounded), so none is read twice; a damaged tar keeps the samples
+    before the damage and counts one `corrupt_tar` error."""
     fs, path = filesystem(with_protocol(part["protocol"], part["tar"]), storage_options)
     transient = transient_errors()
+    chunker, seen = Chunker(reading), set()
+    spill = None
+    if reading.spill_bytes is not None and reading.folder is not None:
+        spill = SpillTo(reading.folder, reading.spill_bytes, SPILLED_COLUMNS)
     for attempt in range(3):
-        batch = empty_batch()
         try:
-            stream_tar(fs, path, part, batch)
-            return batch
+            yield from chunker.feed(stream_tar(fs, path, part, seen, chunker.count, spill))
+            break
         except tarfile.TarError as err:
-            return with_damage_row(batch, part, path, err)
+            chunker.add(damage_row(part, path, err, chunker.count))
+            break
         except transient as err:
             if isinstance(err, FileNotFoundError) or attempt == 2:
-                return with_damage_row(batch, part, path, err)
+                chunker.add(damage_row(part, path, err, chunker.count))
+                break
             time.sleep(0.5 * 2**attempt)
-    raise AssertionError("unreachable")
+    yield from chunker.rest()
 
 
-def stream_tar(fs: Any, path: str, part: dict[str, Any], batch: Columns) -> None:
-    seen: set[str] = set()
+def stream_tar(
+    fs: Any, path: str, part: dict[str, Any], seen: set[str], start: int, spill: SpillTo | None
+) -> Iterator[dict[str, Any]]:
+    """The tar's samples from sample `start` on (those before it are skipped unread)."""
     with fs.open(path, "rb") as fileobj:
-        for index, raw in enumerate(iter_tar_samples(fileobj, links=True)):
+        raws = iter_tar_samples(fileobj, start, links=True, spill=spill)
+        for index, raw in enumerate(raws, start):
             sample = tar_sample(raw, part, index)
             if sample["__key__"] in seen:  # members of one key not adjacent, or repeated
                 sample.update({DROP: "duplicate_key", DROP_STAGE: SOURCE})
             seen.add(sample["__key__"])
-            append_sample(batch, sample)
+            yield sample
 
 
-def with_damage_row(batch: Columns, part: dict[str, Any], path: str, err: Exception) -> Columns:
+def damage_row(part: dict[str, Any], path: str, err: Exception, index: int) -> dict[str, Any]:
     stem = sanitize_key(path.rpartition("/")[2])
-    append_sample(
-        batch,
-        {
-            "__key__": f"{stem}_damaged",
-            "__part__": part["part"],
-            "__index__": len(batch["__key__"]),
-            "__source__": text_name(path),
-            DROP: f"corrupt_tar:{type(err).__name__}",
-            DROP_STAGE: SOURCE,
-        },
-    )
-    return batch
+    return {
+        "__key__": f"{stem}_damaged",
+        "__part__": part["part"],
+        "__index__": index,
+        "__source__": text_name(path),
+        DROP: f"corrupt_tar:{type(err).__name__}",
+        DROP_STAGE: SOURCE,
+    }
 
 
 CARRIED = (*IMAGE_COLUMNS, *VIDEO_COLUMNS, "cls")  # tar members copied as they are
+# Members a big one of which is kept on disk: media only (captions and json are decoded here,
+# `cls` goes into the signatures).
+SPILLED_COLUMNS = frozenset((*IMAGE_COLUMNS, *VIDEO_COLUMNS))
 
 
 def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[str, Any]:
@@ -307,18 +348,25 @@ def plan_videos(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict
     return plan_images(cfg, storage_options, VIDEO_EXTS)
 
 
+def url_chunks(
+    part: dict[str, Any], storage_options: dict[str, Any], reading: Reading
+) -> Iterator[Columns]:
+    """URL rows hold no media (download fetches it, a chunk at a time): read whole, split."""
+    return iter_chunks(read_urls(part, storage_options), reading.batch_size)
+
+
 PLANNERS = {
     "images": plan_images,
     "videos": plan_videos,
     "webdataset": plan_webdataset,
     "urls": plan_urls,
 }
-READERS = {
-    "images": read_images,
-    "videos": read_images,  # the same folder reader: bytes go to the column of their extension
-    "video_list": read_video_list,
-    "webdataset": read_webdataset,
-    "urls": read_urls,
+CHUNK_READERS = {
+    "images": image_chunks,
+    "videos": image_chunks,  # the same folder reader: bytes go to the column of their extension
+    "video_list": video_list_chunks,
+    "webdataset": webdataset_chunks,
+    "urls": url_chunks,
 }
 
 
@@ -326,8 +374,18 @@ def plan_source(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict
     return PLANNERS[cfg.kind](cfg, storage_options)
 
 
+def read_chunks(
+    part: dict[str, Any], storage_options: dict[str, Any], reading: Reading
+) -> Iterator[Columns]:
+    """One partition in chunks (`Reading`): output order, keys, `__index__` and drop reasons
+    are the same for any chunk size."""
+    return CHUNK_READERS[part["kind"]](part, storage_options, reading)
+
+
 def read_partition(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
-    return READERS[part["kind"]](part, storage_options)
+    """One partition as one batch, nothing spilled (for tools and tests; a build reads it in
+    chunks)."""
+    return whole_batch(read_chunks(part, storage_options, WHOLE))
 
 
 def iter_chunks(batch: Columns, size: int) -> Iterator[Columns]:

@@ -103,3 +103,32 @@ def lying_avi(frames: int = 48, claimed: int = 5000) -> bytes:
 
 def truncated(data: bytes, keep: float = 0.5) -> bytes:
     return data[: int(len(data) * keep)]
+
+
+def write_padded(data: bytes, path: str, pad: int) -> int:
+    """Write an MP4 to `path` with a top-level `free` box of `pad` bytes (4-byte size, b'free',
+    zeros: MP4 readers skip it) just before its `moov`, so a reader must pass it to find the
+    index; the zeros are a hole (sparse file), so a 1 GiB pad costs no disk. Sample offsets
+    in `moov` point into `mdat`, which stays where it was. Returns the file's size."""
+    moov = top_level_box(data, b"moov")
+    if moov is None or not 8 <= pad < 1 << 32:
+        raise ValueError("needs an MP4 with a moov box and 8 <= pad < 4 GiB")
+    with open(path, "wb") as out:
+        out.write(data[:moov])
+        out.write(struct.pack(">I", pad) + b"free")
+        out.seek(pad - 8, io.SEEK_CUR)  # the box's zeros: a hole
+        out.write(data[moov:])
+    return len(data) + pad
+
+
+def top_level_box(data: bytes, kind: bytes) -> int | None:
+    """Where the first top-level box of `kind` starts (32-bit sizes, as PyAV writes them)."""
+    at = 0
+    while at + 8 <= len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        if data[at + 4 : at + 8] == kind:
+            return at
+        if size < 8:
+            return None
+        at += size
+    return None

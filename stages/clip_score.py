@@ -26,6 +26,7 @@ from pydantic import Field, field_validator, model_validator
 
 from core.formats import meta_json
 from core.mapreduce import Runner
+from core.spill import media_bytes
 from stages.base import (
     FRAME_COLUMN,
     Columns,
@@ -38,6 +39,7 @@ from stages.base import (
 from stages.lib.clip_model import ClipModel, cached_model, check_model
 from stages.lib.decisions import TopFraction, top_count
 from stages.lib.dedupe_common import Decisions, live_rows
+from stages.lib.pixels import READ_IMAGE_MAX, too_big
 from stages.lib.text_prompts import ConceptOptions, concept_probability, prompt_sets
 
 TOP_REASON = "below_top_fraction"
@@ -106,8 +108,10 @@ class ClipScore(ModelStage):
                 reasons[i] = "no_image"
             elif not caption or not caption.strip():
                 reasons[i] = "missing_caption"
+            elif any(too_big(p, READ_IMAGE_MAX) for p in pictures):
+                reasons[i] = "too_big"  # a spilled file: read whole below, so only when sane
             else:
-                media[i] = pictures
+                media[i] = [media_bytes(p) for p in pictures]  # bytes may go to an actor
         encoder = self.encoder or self.local_model()
         flat = [data for pictures in media.values() for data in pictures]
         pixels, _ = encoder.prepare(flat)
@@ -245,12 +249,15 @@ def encode_texts(encoder: Encoder, texts: list[str]) -> np.ndarray:
     return embeddings
 
 
-def top_fraction_decisions(live: pa.Table, fraction: float) -> Decisions:
-    """Keep exactly ceil(fraction x N): highest score first, then smallest key."""
+def top_fraction_decisions(
+    live: pa.Table, fraction: float, column: str = "clip_score", reason: str = TOP_REASON
+) -> Decisions:
+    """Keep exactly ceil(fraction x N) by `column`: highest score first, then smallest key
+    (any score column: aesthetic_score uses it too)."""
     keep = top_count(fraction, live.num_rows)
     order = pc.sort_indices(
-        live.select(["clip_score", "__key__"]),
-        sort_keys=[("clip_score", "descending"), ("__key__", "ascending")],
+        live.select([column, "__key__"]),
+        sort_keys=[(column, "descending"), ("__key__", "ascending")],
     )
     dropped = pc.take(live["__key__"], order[keep:]).to_pylist()
-    return {key: (TOP_REASON, None) for key in dropped}
+    return {key: (reason, None) for key in dropped}

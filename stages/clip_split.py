@@ -1,22 +1,34 @@
 """clip_split: one video sample becomes one sample per clip (fixed windows or scene cuts).
 
 Runs in the isolated decoder process with a time limit, like video_frames (put it before
-video_frames so frames are sampled per clip). Clip keys are `<key>_0000`, `<key>_0001`, ...;
+video_frames so frames are sampled per clip). Clip keys are `<key>_0000`, `<key>_0001`, ...
+(a folder or glob of videos never holds a key that equals such a clip key: a file `a_0001.mp4`
+beside `a.mp4` gets its whole-path key, pipeline/source_videos.disambiguate_keys);
 each clip keeps its caption and gets `clip_start`/`clip_end` (seconds in the source) and
 `source_key` in its JSON, and the `__parent__` column (the source key) in the signatures, so
-stats count videos in and clips out. A clip that is the whole video keeps the source bytes.
+stats count videos in and clips out. A clip that is the whole video keeps the source value.
 A clip holds only its own video: other video columns of the source (a second encoding, say
 a webm next to the mp4) and frames sampled from the whole source are left out of it.
+
+The decoder child reads the source by path (a Spilled value, or big bytes written to the
+task's spill folder) and encodes each clip straight into a file there. Clips come back as
+Spilled values; the first `inline_clip_bytes` of a batch's clips are read back into bytes
+(small clips stay plain values), so the memory clips take is bounded by that, however many
+or long they are. A failed or killed call's partial clip files are removed.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import time
+import uuid
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from core.formats import FRAME_COLUMN, meta_json
+from core.spill import Media, Spilled, media_bytes, release, task_folder
 from stages.base import (
     DROP,
     DROP_STAGE,
@@ -30,7 +42,7 @@ from stages.base import (
 )
 from stages.lib.isolation import Isolated
 from stages.lib.video_split import split_video
-from stages.video_frames import PARENT, isolated_decode
+from stages.video_frames import PARENT, decoder_input, isolated_decode
 
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
 
@@ -44,6 +56,9 @@ class ClipSplitOptions(StageOptions):
     min_clip_s: float = Field(1.0, ge=0, description="shorter clips are left out")
     max_clips: int | None = Field(None, ge=1, lt=CLIP_SLOTS)
     timeout_s: float = Field(120.0, gt=0, description="per video, then the decoder is killed")
+    inline_clip_bytes: int = Field(
+        16 << 20, ge=0, description="clips of a batch kept as bytes, in all; the rest: files"
+    )
 
 
 @register
@@ -60,6 +75,7 @@ class ClipSplit(Stage):
             self.setup()
             self._ready = True
         started = time.perf_counter()
+        self.inline_left = self.options.inline_clip_bytes
         rows: list[dict] = []
         for row in range(len(batch[DROP])):
             sample = {col: values[row] for col, values in batch.items()}
@@ -82,7 +98,7 @@ class ClipSplit(Stage):
         # other videos and any frames sampled before the cut are the whole source's, not a clip's
         others = {c: None for c in sample if c in VIDEO_COLUMNS or FRAME_COLUMN.match(c)}
         out = []
-        for i, clip in enumerate(clips):
+        for i, clip in enumerate(self.inline(clips)):
             extra = {"clip_start": clip["start"], "clip_end": clip["end"], "source_key": key}
             out.append(
                 sample
@@ -97,9 +113,28 @@ class ClipSplit(Stage):
             )
         return out
 
-    def split(self, data: bytes) -> tuple[list | None, str | None]:
-        args = (data, self.options.model_dump())
-        return isolated_decode(self.decoder, split_video, args, self.options.timeout_s)
+    def split(self, value: Media) -> tuple[list | None, str | None]:
+        sent, temporary = decoder_input(value)
+        prefix = os.path.join(task_folder(), f"clips-{uuid.uuid4().hex}")
+        args = (sent, self.options.model_dump(), prefix)
+        try:
+            clips, reason = isolated_decode(self.decoder, split_video, args, self.options.timeout_s)
+        finally:
+            release(temporary)
+        if clips is None:  # a killed or failed call may have left partial clips
+            release(Spilled(path, 0) for path in glob.glob(glob.escape(prefix) + "-*"))
+        return clips, reason
+
+    def inline(self, clips: list[dict]) -> list[dict]:
+        """Clips as bytes while the batch's budget lasts (their files removed); the rest stay
+        Spilled."""
+        for clip in clips:
+            data = clip["data"]
+            if isinstance(data, Spilled) and data.size <= self.inline_left:
+                self.inline_left -= data.size
+                clip["data"] = media_bytes(data)
+                release([data])
+        return clips
 
 
 def dropped(sample: dict, reason: str, stage: str) -> dict:

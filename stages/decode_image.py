@@ -10,6 +10,7 @@ from PIL import Image
 from pydantic import Field
 
 from core.formats import meta_json
+from core.spill import Spilled
 from stages.base import (
     IMAGE_COLUMNS,
     Columns,
@@ -20,7 +21,7 @@ from stages.base import (
     sample_meta,
 )
 from stages.lib.fast_resize import shrink
-from stages.lib.pixels import DECODE_ERRORS, to_rgb, upright
+from stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, too_big, upright
 
 PIL_FORMATS = {"jpg": "JPEG", "webp": "WEBP", "png": "PNG"}
 MAX_SIDE = {"webp": 16383, "jpg": 65500}  # what the format can hold (PNG: no practical limit)
@@ -153,10 +154,12 @@ class DecodeImage(Stage):
         threads = self.options.threads or (2 if self.after_io else 1)
         self.executor = ThreadPoolExecutor(threads, "decode") if threads > 1 else None
 
-    def decode_one(self, data: bytes) -> tuple[bytes | None, dict, str | None]:
+    def decode_one(self, data: bytes | Spilled) -> tuple[bytes | None, dict, str | None]:
         opts: DecodeImageOptions = self.options
+        if too_big(data):
+            return None, {}, "too_big"
         try:
-            image = Image.open(io.BytesIO(data))
+            image = open_image(data)  # a spilled file by path: the pixel limits bound memory
             meta = {"original_width": image.width, "original_height": image.height}
             problem = size_problem(image.width, image.height, opts)
             if problem:

@@ -12,20 +12,19 @@ holds its share of (key, sha256, score) rows, about 256 MiB.
 from __future__ import annotations
 
 import hashlib
-import io
 from functools import partial
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from PIL import Image
 
 from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from core.spill import COPY_BLOCK, Spilled
 from stages.base import Columns, Stage, StageOptions, media_column, register
 from stages.lib.decisions import KeyedDecision, split_by
 from stages.lib.dedupe_common import Decisions, keepers, live_rows, priority_rank
-from stages.lib.pixels import DECODE_ERRORS, to_rgb, upright
+from stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, too_big, upright
 
 RANKED_BY = ("clip_score",)  # read where the build has it (identical images tie on size)
 DROPPED = ("sha256", *RANKED_BY)  # columns the decisions do not carry
@@ -36,13 +35,20 @@ class ExactDedupeOptions(StageOptions):
     of: Literal["bytes", "pixels"] = "bytes"
 
 
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def sha256_hex(data: bytes | Spilled) -> str:
+    """sha256 of media bytes; of a spilled file, read in blocks."""
+    if not isinstance(data, Spilled):
+        return hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256()
+    with data.open() as f:
+        while block := f.read(COPY_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def pixels_sha256(data: bytes) -> str:
+def pixels_sha256(data: bytes | Spilled) -> str:
     """sha256 of the decoded pixels as a viewer sees them (upright, 8-bit RGB) and their size."""
-    with Image.open(io.BytesIO(data)) as image:
+    with open_image(data) as image:
         rgb = to_rgb(upright(image))
         digest = hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode())
         digest.update(rgb.tobytes())
@@ -66,9 +72,11 @@ class ExactDedupe(Stage):
         batch["sha256"] = hashes
         return batch, reasons
 
-    def digest(self, data: bytes) -> tuple[str | None, str | None]:
+    def digest(self, data: bytes | Spilled) -> tuple[str | None, str | None]:
         if self.options.of == "bytes":
             return sha256_hex(data), None
+        if too_big(data):
+            return None, "too_big"
         try:
             return pixels_sha256(data), None
         except DECODE_ERRORS:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -60,7 +60,7 @@ from stages.lib.hamming import (
 )
 from stages.lib.image_hash import image_signals
 from stages.lib.near_verify import candidate_entries, class_leaders, verify_pairs
-from stages.lib.pixels import DECODE_ERRORS
+from stages.lib.pixels import DECODE_ERRORS, too_big
 
 log = logging.getLogger("mmcurate.near_dedupe")
 ENTRY_BYTES = 16  # one routed (hash, id) pair
@@ -98,6 +98,9 @@ class NearDedupe(Stage):
             picture = picture_to_hash(batch, row)
             if picture is None:
                 reasons[row] = "no_image"
+                continue
+            if too_big(picture):  # a spilled file too big to be a picture: never opened
+                reasons[row] = "too_big"
                 continue
             try:
                 full, crops, thumb, decoded = image_signals(picture, self.options.hash)
@@ -151,7 +154,7 @@ class NearDedupe(Stage):
         return plan
 
 
-def picture_to_hash(batch: Columns, row: int) -> bytes | None:
+def picture_to_hash(batch: Columns, row: int) -> Any:
     """The image, or for a video sample its middle sampled frame."""
     col = media_column(batch, row)
     if col is not None:

@@ -15,6 +15,8 @@ from stages.base import _REGISTRY, Stage, label_stages
 STAGE_MODULES = {
     name: f"stages.{name}"
     for name in (
+        "aesthetic_score",
+        "aspect_buckets",
         "caption_filter",
         "clip_score",
         "clip_split",
@@ -24,6 +26,7 @@ STAGE_MODULES = {
         "language_filter",
         "metadata_filter",
         "near_dedupe",
+        "recaption",
         "semantic_dedupe",
         "video_frames",
     )
@@ -74,6 +77,8 @@ def validate_stage_list(specs: list[dict[str, Any]]) -> None:
             raise ConfigError(f"stages.{index}.name: {stage.name!r} appears twice")
         seen.setdefault(stage.name, stage)
     check_embedding_models(seen.get("semantic_dedupe"), seen.get("clip_score"))
+    if "recaption" in seen:
+        build_stages(specs)  # binds each recaption to its clip_score (one-line errors)
 
 
 def check_embedding_models(semantic: Stage | None, clip: Stage | None) -> None:
@@ -116,4 +121,8 @@ def build_stages(specs: list[dict[str, Any]]) -> list[Stage]:
         stage.after_io = any(s.io_bound for s in ordered[:at])
         if stage.name == "semantic_dedupe":  # by name: its module is imported only when used
             stage.embeddings_given = any("embedding" in s.produces for s in ordered[:at])
+        if stage.name == "aesthetic_score":  # a clip_score before it may embed for it
+            stage.share_embeddings(ordered[:at])
+        if stage.name == "recaption":  # scores with the clip_score listed before it
+            stage.bind_clip([s for s in stages if s.name == "clip_score" and s.index < stage.index])
     return stages

@@ -6,6 +6,10 @@ Adds frames as `000.jpg`, `001.jpg`, ... (members `<key>.000.jpg`, ...), and to 
 earlier pass are replaced, not mixed in. Decoding runs in a child process per
 worker with a time limit per video, so a file that hangs or crashes the decoder costs only
 itself: `decode_timeout` / `decode_error`.
+
+Videos travel to the child by path: a Spilled value as it is, bytes over PIPE_MAX_BYTES
+written to the task's spill folder first (no pickled copy, and FFmpeg reads a file natively:
+measured 1.3-1.5x faster from 2.8 MB up); smaller bytes go over the pipe (as fast or faster).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from core.formats import FRAME_COLUMN, meta_json
+from core.spill import Media, Spilled, release, spill_bytes, task_folder
 from stages.base import (
     VIDEO_COLUMNS,
     Columns,
@@ -31,6 +36,7 @@ from stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from stages.lib.video_decode import sample_video
 
 PARENT = "__parent__"  # the source key of a clip cut by clip_split (None: not a clip)
+PIPE_MAX_BYTES = 1 << 20  # bytes values up to this go to the decoder over the pipe
 
 
 class VideoFramesOptions(StageOptions):
@@ -72,8 +78,21 @@ class VideoFrames(Stage):
         batch["json"] = metas
         return batch, reasons
 
-    def decode(self, data: bytes, opts: dict) -> tuple[dict | None, str | None]:
-        return isolated_decode(self.decoder, sample_video, (data, opts), self.options.timeout_s)
+    def decode(self, value: Media, opts: dict) -> tuple[dict | None, str | None]:
+        sent, temporary = decoder_input(value)
+        try:
+            return isolated_decode(self.decoder, sample_video, (sent, opts), self.options.timeout_s)
+        finally:
+            release(temporary)
+
+
+def decoder_input(value: Media) -> tuple[Media, list[Spilled]]:
+    """(what the decoder child is sent, temporary files to release after the call): big bytes
+    go by a file in the task's spill folder, so the child opens them by path."""
+    if not isinstance(value, bytes | bytearray) or len(value) <= PIPE_MAX_BYTES:
+        return value, []
+    spilled = spill_bytes(value, task_folder())
+    return spilled, [spilled]
 
 
 def put_frames(batch: Columns, row: int, frames: list[bytes]) -> None:

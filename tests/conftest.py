@@ -20,6 +20,17 @@ from pipeline.objectstore import loopback_only_env
 os.environ.update(loopback_only_env())
 
 
+@pytest.fixture(autouse=True)
+def builds_on_ray_when_asked(request: pytest.FixtureRequest) -> None:
+    """A test that asks for the session Ray gets its builds run there: an earlier test's
+    build (run before Ray was up, so on the local runtime) leaves its pool behind, and a
+    build would run there instead, silently skipping what only Ray checks."""
+    if "ray_session" in request.fixturenames:
+        from pipeline.raysession import shutdown
+
+        shutdown()
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:
     """torch on one thread for a module's tests (small models: threads only contend here)."""

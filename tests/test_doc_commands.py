@@ -111,6 +111,17 @@ ELSEWHERE = {
     "output.path=s3://bucket/laion400m-256/part-00000": CLUSTER
     + "; tests/test_ray_job.py submits a build to a local Ray head",
     "ray down -y configs/cluster.yaml": CLUSTER,
+    # docs/sizing.md: the 4-GPU ViT-B/32 run (issue 41)
+    "torchrun --standalone --nproc-per-node=4 --max-restarts=3 -m trainer "
+    "configs/train_b32_4gpu.yaml --set data.manifest=s3://bucket/laion/manifest.json --set "
+    "alerts.webhook=https://hooks.example.com/...": "4 GPUs and a webhook; tests/test_fsdp.py"
+    " kills a rank under torchrun --max-restarts with 2 CPU ranks",
+    "ray job submit --working-dir . -- python -m trainer configs/train_b32_4gpu.yaml --set "
+    "launch.mode=ray --set launch.workers=4 --set launch.gpus_per_worker=1 --set "
+    "launch.cpus_per_worker=10 --set launch.max_failures=3 --set "
+    "data.manifest=s3://bucket/laion/manifest.json": "a 4-GPU Ray cluster;"
+    " tests/test_ray_restart.py restarts 2 CPU workers under Ray Train, tests/test_fsdp.py"
+    " checks the config",
 }
 
 

@@ -64,7 +64,8 @@ def test_the_cuda_run_builds_the_cpu_runs_ring_loader(shards, parts):
     cfg = config(shards)
     cpu, cuda = training_loader(cfg, "cpu", parts), training_loader(cfg, "cuda", parts)
     assert type(cpu) is type(cuda) is RingLoader
-    assert type(cpu.dataset) is type(cuda.dataset) is ShardDataset
+    assert type(cpu.dataset) is type(cuda.dataset)
+    assert isinstance(cpu.dataset, ShardDataset)  # trainer/resplit.py's subclass, on both
     assert shape_of(cpu) == shape_of(cuda) and shape_of(cpu.dataset) == shape_of(cuda.dataset)
     assert (cpu.workers, cpu.depth) == (cuda.workers, cuda.depth) == (2, cpu.depth)
     # The CPU trains on the views and keeps a step (accum_freq 2) plus the next; CUDA keeps

@@ -5,7 +5,9 @@ Each POST's body: `{"run", "step", "event", "message", "metrics", "time"}`; `eve
 `nonfinite` (a step skipped for a non-finite loss or gradient norm: the first of a streak),
 `spike` (a loss spike that triggered health's action), `restore` (the last good checkpoint
 reloaded), `data_stall` (a log window's data_wait_frac above alerts.stall_frac), `run_end`
-(the run finished, stopped or failed; `metrics` holds its summary when it did not fail).
+(the run finished, stopped or failed; `metrics` holds its summary when it did not fail),
+`gpu_temperature`, `gpu_ecc`, `gpu_throttle` (trainer/telemetry.py's rules), `restart`
+(torchrun or Ray Train restarted the ranks after a lost one: trainer/train_state.py).
 Failed attempts (any error: no answer, an HTTP error, an answer that is not HTTP) are retried
 `retries` times with backoff (0.5 s, doubling); then the event is dropped with a warning that
 names the error's type only (the URL, whose path is a credential, is never logged).
@@ -24,6 +26,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 EVENTS = ("nonfinite", "spike", "restore", "data_stall", "run_end")
+# trainer/telemetry.py's GPU rules, and an automatic restart after a lost rank
+EVENTS += ("gpu_temperature", "gpu_ecc", "gpu_throttle", "restart")
 FLUSH_S = 30.0  # longest wait at the end of a run for events still being sent
 
 

@@ -20,6 +20,10 @@ class Batch(NamedTuple):
     # The key of the sample each place really holds, where a place was filled by another
     # sample of the batch (an unusable one replaced; "" for stand-ins); None: as `keys`.
     used: list[str] | None = None
+    # Bucketed loader only (trainer/buckets.py): each place's caption, and SDXL's size and
+    # crop conditioning [B, 6] (original h, w; crop top, left; target h, w), else None.
+    texts: list[str] | None = None
+    conditions: torch.Tensor | None = None
 
 
 class NoData(NamedTuple):

@@ -7,12 +7,14 @@ so a host that loses power keeps either the whole file or none. A resume reads t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
 import posixpath
 import re
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,11 @@ from typing import Any
 import torch
 
 from core.formats import CHECKPOINT_FORMAT
-from core.storage import filesystem, is_local, join, put_file_atomic
+from core.storage import filesystem, is_local, join, pid_gone, put_file_atomic
 
 _NAME = re.compile(r"^step-(\d+)\.pt$")
+_PARTIAL = re.compile(r"^\.step-\d+\.pt\.tmp-(\d+)$")  # save_checkpoint's temporary name
+PARTIAL_AGE_S = 300  # a partial untouched this long whose writer is gone is a dead save's
 # What a resume needs in a training checkpoint (an open_clip export has none of them).
 TRAIN_KEYS = ("step", "model", "optimizer", "scheduler", "scaler", "loader")
 
@@ -61,6 +65,27 @@ def save_checkpoint(
     finally:
         tmp.unlink(missing_ok=True)
     return url
+
+
+def sweep_partial_saves(output: str, storage_options: dict | None = None) -> list[str]:
+    """Delete what saves killed midway left in a local `<output>/checkpoints` (a rank
+    SIGTERMed by torchrun while writing): temporaries whose writing process is gone and that
+    are untouched for PARTIAL_AGE_S (a writer in another pid namespace on a shared disk
+    still touches its file). Returns the names removed."""
+    fs, path = filesystem(join(str(output), "checkpoints"), storage_options)
+    folder = Path(path)
+    if not is_local(fs) or not folder.is_dir():
+        return []
+    removed = []
+    for entry in folder.iterdir():
+        match = _PARTIAL.match(entry.name)
+        if not match or not pid_gone(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - entry.stat().st_mtime > PARTIAL_AGE_S:
+                entry.unlink()
+                removed.append(entry.name)
+    return removed
 
 
 def fsync(path: Path) -> None:
@@ -137,7 +162,9 @@ def missing_train_keys(state: Any) -> list[str]:
     """What a resume needs that a loaded checkpoint lacks (all of it when not a dict)."""
     if not isinstance(state, dict):
         return list(TRAIN_KEYS)
-    return [key for key in TRAIN_KEYS if key not in state]
+    # A sharded checkpoint's optimizer state is in its DCP folder (trainer/sharded.py).
+    needed = [k for k in TRAIN_KEYS if k != "optimizer" or "sharded" not in state]
+    return [key for key in needed if key not in state]
 
 
 def is_train_checkpoint(state: Any) -> bool:

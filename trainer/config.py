@@ -5,7 +5,6 @@ Every section forbids unknown keys, so a typo fails fast with `section.key: unkn
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -15,35 +14,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 from core.config_io import ConfigError, Strict, describe_validation_error, load_yaml, validate
 from core.redaction import redact
 from core.storage import absolute
-
-_SIZE_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-MAX_SIZE = 2**63  # bytes (exclusive)
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(text: str) -> int:
-    """`"10GB"` -> 10_000_000_000; decimal (KB, MB, ...) and binary (KiB, MiB, ...) units."""
-    match = _SIZE_RE.match(text)
-    unit = match.group(2).upper() if match else ""
-    if not match or unit not in _SIZE_UNITS:
-        raise ValueError(f"not a size like '10GB' or '512MiB': {text!r}")
-    size = float(match.group(1)) * _SIZE_UNITS[unit]
-    # Why a bound: 400 digits parse as inf (int() of it raises OverflowError), and sizes past
-    # 2**63 overflow the C types they end in (RLIMIT_AS, file offsets).
-    if not size < MAX_SIZE:
-        raise ValueError(f"too large a size: {text!r} (at most 9EB)")
-    return int(size)
+from trainer.units import parse_size
 
 
 def _checked_size(value: str | None) -> str | None:
@@ -73,20 +44,33 @@ class DataConfig(Strict):
     decode_threads: int = Field(2, gt=0)
     seed: int = 0
     shuffle_buffer: int = Field(1000, ge=0)  # samples each worker shuffles among (0: off)
+    # In-memory bytes of the raw samples a worker holds for its shuffle buffer (and, apart,
+    # for a streamed shard being checked); past it their media wait on local disk (TMPDIR),
+    # so the order, and a resume, stay the same whatever the sample sizes.
+    shuffle_buffer_bytes: Size = "64MiB"  # null: no cap
     gpu_decode: bool = False  # decode JPEGs (nvJPEG) and crop on the training device
-    # Streamed shards (no cache_dir): check each shard's size and sha256 before using it (a
-    # shard over 256 MiB spills to TMPDIR while checked); a mismatch skips it, as the cache does.
+    # Streamed shards (no cache_dir): check each shard's size and sha256 before using it (hashed
+    # as it streams, its samples held until it matched); a mismatch skips it, as the cache does.
     verify_shards: bool = True
+    # square: today's loader (images cropped to the model's input; mmcurate train); bucketed:
+    # batches of one aspect_buckets bucket each, for SD-style scripts (trainer/buckets.py)
+    batching: Literal["square", "bucketed"] = "square"
 
     @property
     def cache_limit_bytes(self) -> int | None:
         return None if self.cache_limit is None else parse_size(self.cache_limit)
+
+    @property
+    def shuffle_buffer_limit(self) -> int:
+        size = self.shuffle_buffer_bytes
+        return (1 << 62) if size is None else parse_size(size)  # null: no byte cap
 
 
 class ModelConfig(Strict):
     name: str = "mmcurate-tiny"  # an open_clip architecture name
     pretrained: str | None = None  # open_clip pretrained tag or a local checkpoint path
     loss: Literal["clip", "siglip"] = "clip"  # softmax contrastive, or SigLIP's sigmoid loss
+    gradient_checkpointing: bool = False  # recompute activations in backward (open_clip's)
 
 
 class OptimConfig(Strict):
@@ -94,6 +78,7 @@ class OptimConfig(Strict):
     warmup_steps: int = Field(10, ge=0)
     weight_decay: float = Field(0.1, ge=0)
     accum_freq: int = Field(1, gt=0)  # batches per optimizer step (open_clip's feature cache)
+    zero: bool = False  # strategy ddp: ZeroRedundancyOptimizer shards AdamW's state over ranks
 
 
 class RunConfig(Strict):
@@ -103,6 +88,9 @@ class RunConfig(Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast on CUDA only
     log_every: int = Field(10, gt=0)
     checkpoint_every: int | None = Field(None, gt=0)
+    checkpoint_minutes: float | None = Field(None, gt=0)  # also after this long (rank 0's clock)
+    # strategy fsdp: the DCP shards written by a background thread (dcp.async_save)
+    async_checkpoint: bool = False
     resume: bool = False  # continue from the newest checkpoint in output, if any
     overwrite: bool = False  # replace a run already in output (its checkpoints and logs)
     sample_log: bool = False  # write samples/rank-<r>.jsonl: the keys of every step's batch
@@ -127,15 +115,17 @@ class LaunchConfig(Strict):
     workers: int = Field(1, gt=0)  # ray: training processes (ranks) across the cluster
     gpus_per_worker: int | None = Field(None, ge=0)  # ray: null = 1 when the cluster has GPUs
     cpus_per_worker: float = Field(1, gt=0)  # ray: CPUs reserved per rank
+    # ray: restarts from the newest checkpoint after a lost worker (FailureConfig; -1: always)
+    max_failures: int = Field(0, ge=-1)
 
 
 def eval_section(name: str, tree: dict[str, Any], where: str) -> Any:
     """`tree` validated as `mmcurate eval`'s section model `name` (trainer/eval.py); imported
     only when a run evaluates (it loads torch). A problem is a ConfigError at `where`."""
-    from trainer import eval as eval_command
+    from trainer import eval_config
 
     try:
-        return getattr(eval_command, name).model_validate(tree)
+        return getattr(eval_config, name).model_validate(tree)
     except ValidationError as err:
         raise ConfigError(describe_validation_error(err, where)) from None
 
@@ -242,6 +232,52 @@ class AlertsConfig(Strict):
         return value
 
 
+# NVML's clock throttle reasons (nvmlClocksThrottleReason*), by the names the config uses.
+THROTTLE_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+
+class TelemetryConfig(Strict):
+    """GPU health telemetry (trainer/telemetry.py), sampled off the training thread."""
+
+    enabled: bool = False  # sample every GPU of the node (local rank 0 of each node)
+    every_s: float = Field(10.0, gt=0)  # seconds between samples
+    sampler: str | None = None  # "module:callable" making the sampler; null: NVML (nvidia-ml-py)
+    max_temperature_c: float = 85.0  # gpu_temperature alert above this ...
+    temperature_samples: int = Field(3, gt=0)  # ... for this many samples in a row
+    alert_ecc: bool = True  # gpu_ecc alert when the uncorrected ECC count rises
+    # gpu_throttle alert when one of these becomes active (power capping at full load is normal)
+    alert_throttle: list[str] = [
+        *("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"),
+        "hw_power_brake_slowdown",
+    ]
+
+    @field_validator("alert_throttle")
+    @classmethod
+    def _reasons(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(THROTTLE_REASONS))
+        if unknown:
+            names = ", ".join(THROTTLE_REASONS)
+            raise ValueError(f"unknown throttle reason {unknown[0]!r} (one of {names})")
+        return value
+
+    @field_validator("sampler")
+    @classmethod
+    def _sampler(cls, value: str | None) -> str | None:
+        if value is not None and (value.count(":") != 1 or not all(value.split(":"))):
+            raise ValueError("expected 'module:callable'")
+        return value
+
+
 MAX_PROBE_BATCH = 2**24  # a rung past this is no batch size but a typo (and overflows torch)
 
 
@@ -271,11 +307,24 @@ class TrainConfig(Strict):
     optim: OptimConfig = OptimConfig()
     run: RunConfig
     launch: LaunchConfig = LaunchConfig()
+    # ddp: a full replica per rank; fsdp: model, gradients and optimizer state sharded (FSDP2)
+    strategy: Literal["ddp", "fsdp"] = "ddp"
     eval: TrainEval = TrainEval()  # evaluation during training (off by default)
     health: HealthConfig = HealthConfig()  # non-finite and loss-spike guards
     alerts: AlertsConfig = AlertsConfig()  # webhook events
+    telemetry: TelemetryConfig = TelemetryConfig()  # GPU health readings and alerts
     probe: ProbeConfig = ProbeConfig()  # mmcurate probe only
     storage_options: dict[str, Any] = {}  # fsspec options: manifest, shards, a URL run.output
+
+    @field_validator("data")
+    @classmethod
+    def _square_batches(cls, value: DataConfig) -> DataConfig:
+        if value.batching == "bucketed":  # the CLIP loop needs one square input size
+            raise ValueError(
+                "batching: bucketed is for SD-style training scripts "
+                "(trainer.buckets.loader_from_config), not mmcurate train (square images)"
+            )
+        return value
 
     def redacted(self) -> dict[str, Any]:
         """The resolved config as plain data with every credential replaced by '***': in

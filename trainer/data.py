@@ -24,16 +24,17 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from core.formats import IMAGE_COLUMNS
+from core.formats import FRAME_COLUMN, IMAGE_COLUMNS
 from trainer.batch import Batch, NoData, used_keys
-from trainer.manifest import Manifest, NoUsableData, Shard
+from trainer.hold import SampleStore
+from trainer.manifest import Manifest, NoUsableData
 from trainer.plan import (
     Layout,
     Segment,
-    WeightedManifest,
     WorkerPlan,
     batches_per_rank,
     epoch_pieces,
+    mixed,
     worker_plan,
 )
 from trainer.reader import ShardReader
@@ -63,21 +64,6 @@ class Counters:
     reported: int = 0  # of `substituted`, those already passed on with a batch
 
 
-def mixed(
-    manifest: Manifest | Sequence[tuple[Manifest, float]],
-) -> tuple[list[Shard], list[WeightedManifest]]:
-    """All shards, and each manifest as a WeightedManifest: one manifest, or several with weights
-    (samples per epoch = weight x samples)."""
-    mix = [(manifest, 1.0)] if isinstance(manifest, Manifest) else list(manifest)
-    shards, sources = [], []
-    for source, weight in mix:
-        first = len(shards)
-        shards += source.shards
-        sizes = tuple(shard.samples for shard in source.shards)
-        sources.append(WeightedManifest(tuple(range(first, len(shards))), sizes, weight))
-    return shards, sources
-
-
 class ShardDataset(IterableDataset):
     """Yields `Batch`es of one rank's share of `epochs` epochs from `set_epoch`'s (one by
     default; None: endless), continuing mid-epoch after `resume_at`. Every rank yields the
@@ -103,6 +89,7 @@ class ShardDataset(IterableDataset):
         storage_options: dict[str, Any] | None = None,
         cache: tuple[str, int] | None = None,
         verify: bool = True,
+        shuffle_buffer_bytes: int | None = None,
     ) -> None:
         self.shards, self.sources = mixed(manifest)
         self.epoch_samples = sum(source.quota for source in self.sources)
@@ -121,6 +108,9 @@ class ShardDataset(IterableDataset):
         self.storage_options = dict(storage_options or {})
         self.cache_spec = cache  # (folder, byte limit): read shards through a local ShardCache
         self.verify = verify  # streamed shards: check size and sha256 before using them
+        self.used_member = trained_member  # which members of a sample the reader keeps
+        # In-memory bytes of held raw samples (shuffle buffer; a streamed shard being checked)
+        self.shuffle_buffer_bytes = shuffle_buffer_bytes  # None: trainer/hold.py's default
         self._reader: tuple[int, ShardReader] | None = None  # (process id, reader), as _pool
         self.epoch = 0
         self.epochs: int | None = 1  # epochs one iteration runs through; None: endless
@@ -156,8 +146,8 @@ class ShardDataset(IterableDataset):
         """Continue `epoch` after the rank's first `consumed_batches` batches."""
         self.resume = (epoch, consumed_batches)
 
-    def batches_per_epoch(self) -> int:
-        """Batches this rank yields in a full epoch (the same on every rank)."""
+    def batches_per_epoch(self, epoch: int | None = None) -> int:
+        """Batches this rank yields in a full epoch (`epoch`'s; the same on every rank)."""
         return batches_per_rank(self.epoch_samples, self.world, self.batch_size, self.step_batches)
 
     def plan(self, epoch: int, layout: Layout, consumed: int) -> WorkerPlan:
@@ -194,7 +184,7 @@ class ShardDataset(IterableDataset):
             while last is None or epoch <= last:
                 layout = Layout(self.rank, self.world, (worker - taken) % workers, workers)
                 yield from self.batches(self.plan(epoch, layout, consumed), epoch)
-                taken += self.batches_per_epoch()
+                taken += self.batches_per_epoch(epoch)
                 epoch, consumed = epoch + 1, 0
         except NoUsableData as err:
             yield NoData(str(err))
@@ -235,13 +225,16 @@ class ShardDataset(IterableDataset):
         """(position, raw sample) in the plan's emission order, holding read-ahead samples
         until their turn; None for a position its shard did not hold."""
         reader = self.read_positions(plan.segments)
-        wanted, pending = set(plan.emit), {}
-        for position in plan.emit:
-            while position not in pending:
-                found = next(reader)  # every planned position comes, None when unreadable
-                if found[0] in wanted:
-                    pending[found[0]] = found[1]
-            yield position, pending.pop(position)
+        pending = SampleStore(self.shuffle_buffer_bytes)  # past its bytes, media wait on disk
+        try:
+            for position in plan.emit:
+                while position not in pending:
+                    found = next(reader)  # every planned position comes, None when unreadable
+                    if plan.emit.fresh(found[0]):  # not emitted before a resume
+                        pending.put(*found)
+                yield position, pending.pop(position)
+        finally:
+            pending.close()
 
     def read_positions(
         self, runs: Sequence[Segment]
@@ -252,7 +245,11 @@ class ShardDataset(IterableDataset):
     def reader(self) -> ShardReader:
         """This process's shard reader (made after a worker forks, like its cache handle)."""
         if self._reader is None or self._reader[0] != os.getpid():
-            reader = ShardReader(self.shards, self.storage_options, self.cache_spec, self.verify)
+            reader = ShardReader(
+                *(self.shards, self.storage_options, self.cache_spec, self.verify),
+                used=self.used_member,
+                hold_bytes=self.shuffle_buffer_bytes,
+            )
             self._reader = (os.getpid(), reader)
         return self._reader[1]
 
@@ -364,6 +361,12 @@ class ShardDataset(IterableDataset):
             return self.transform(sample[column]), text
         except DECODE_ERRORS:
             return None  # Why: one bad sample must not stop training
+
+
+def trained_member(ext: str) -> bool:
+    """Whether `decode` can use a member of this extension (others are read past, not kept:
+    a video sample's mp4 and json)."""
+    return ext == "txt" or ext in IMAGE_COLUMNS or bool(FRAME_COLUMN.match(ext))
 
 
 def make_loader(

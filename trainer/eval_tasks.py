@@ -21,10 +21,10 @@ from trainer.eval_data import (
     make_loader,
 )
 from trainer.eval_metrics import retrieval_from_features, zeroshot_from_features
-from trainer.step import autocast
+from trainer.precision import autocast
 
 if TYPE_CHECKING:
-    from trainer.eval import EvalConfig, Inputs
+    from trainer.eval_config import EvalConfig, Inputs
 
 
 class Encoder:

@@ -16,9 +16,10 @@ all decide the same: one rank's NaN skips the step on every rank.
   not rewound, so no sample is trained on twice; `stop` ends the run (no final checkpoint).
 
 Test hook (tests only, never set in real runs): the environment variable MMCURATE_TEST_FAULTS
-holds JSON `{"nan": [steps], "spike": [steps], "ranks": [ranks], "factor": 1000}`: at those
-steps (numbered from 1) the listed ranks (all when absent) get a batch whose images are NaN,
-or a loss multiplied by `factor`.
+holds JSON `{"nan": [steps], "spike": [steps], "kill": [steps], "ranks": [ranks], "factor":
+1000}`: at those steps (numbered from 1) the listed ranks (all when absent) get a batch whose
+images are NaN, or a loss multiplied by `factor`, or are killed with SIGKILL before the step
+(only in the first attempt: not after a torchrun or Ray Train restart, `restart_count`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import logging
 import math
 import os
+import signal
 import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -36,7 +38,7 @@ import torch.distributed as dist
 
 from trainer.batch import Batch
 from trainer.config import HealthConfig
-from trainer.distributed import Dist
+from trainer.distributed import Dist, restart_count
 from trainer.step import Parts, StepResult, guarded_step
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ class Faults:
     nan: set[int] = field(default_factory=set)
     spike: set[int] = field(default_factory=set)
     factor: float = 1000.0
+    kill: set[int] = field(default_factory=set)  # SIGKILL this rank there (first attempt only)
 
     @classmethod
     def from_env(cls, rank: int) -> Faults:
@@ -59,9 +62,14 @@ class Faults:
         plan = json.loads(text)
         if rank not in plan.get("ranks", [rank]):
             return cls()
-        return cls(set(plan.get("nan", ())), set(plan.get("spike", ())), plan.get("factor", 1e3))
+        first = restart_count() == 0
+        kill = set(plan.get("kill", ())) if first else set()
+        nan, spike = set(plan.get("nan", ())), set(plan.get("spike", ()))
+        return cls(nan, spike, plan.get("factor", 1e3), kill)
 
     def apply(self, step: int, parts: Parts, group: list[Batch]) -> tuple[Parts, list[Batch]]:
+        if step in self.kill:  # a lost rank, as a dead GPU or a kill -9 leaves it
+            os.kill(os.getpid(), signal.SIGKILL)
         if step in self.nan:
             group = [b._replace(images=poisoned(b.images)) for b in group]
         if step in self.spike:

@@ -4,27 +4,59 @@ Ray Train starts `launch.workers` processes across the cluster, forms the torch 
 (gloo on CPU, NCCL on GPU) and sets RANK / LOCAL_RANK / WORLD_SIZE, so each worker simply runs
 `train()`, exactly as under torchrun. Rank 0 writes metrics and checkpoints to `run.output`:
 on a multi-node cluster, make it an object-store URL (s3://...) or a shared filesystem.
+
+`launch.max_failures`: when a worker is lost (its process killed, its node or GPU gone) Ray
+Train restarts the whole group, up to that many times. We report no checkpoints to Ray Train:
+the restarted workers resume from the newest one in `run.output` themselves, as a torchrun
+restart does. A small actor (`Attempts`) counts each rank's starts, so a worker knows it is a
+restart (trainer/distributed.restart_count) and rank 0 sends the `restart` alert.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from functools import partial
 from typing import Any
 
 from core.storage import filesystem, join
 from trainer.config import TrainConfig
+from trainer.distributed import RESTARTS_ENV
+from trainer.health import FAULTS_ENV
 from trainer.outputs import is_remote
 
 
+class Attempts:
+    """How many times each rank started (a Ray actor of no CPU, one per launch)."""
+
+    def __init__(self) -> None:
+        self.starts: dict[int, int] = {}
+
+    def start(self, rank: int) -> int:
+        """This rank's earlier starts: 0 on the first attempt."""
+        self.starts[rank] = self.starts.get(rank, 0) + 1
+        return self.starts[rank] - 1
+
+
 def train_worker(
-    config: dict[str, Any], storage_options: dict[str, Any], webhook: str | None = None
+    config: dict[str, Any],
+    storage_options: dict[str, Any],
+    webhook: str | None = None,
+    attempts: Any = None,
+    env: dict[str, str] | None = None,
 ) -> None:
     """One Ray Train worker: rank 0 writes `<run.output>/summary.json`. The secrets (storage
     options, the alerts webhook URL) come apart from `config`: Ray Train keeps its loop config
-    in its run records, where secrets must never be."""
+    in its run records, where secrets must never be. `env`: the driver's test hook, if set."""
+    import ray
+    import ray.train
+
     from trainer.train import train
 
+    os.environ.update(env or {})
+    if attempts is not None:
+        rank = ray.train.get_context().get_world_rank()
+        os.environ[RESTARTS_ENV] = str(ray.get(attempts.start.remote(rank)))
     train(worker_config(config, storage_options, webhook))
 
 
@@ -48,7 +80,7 @@ def launch_ray(cfg: TrainConfig) -> dict[str, Any]:
     """Train on the Ray cluster this process is connected to (or a local one); returns rank
     0's summary."""
     import ray
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     if not ray.is_initialized():
@@ -58,14 +90,20 @@ def launch_ray(cfg: TrainConfig) -> dict[str, Any]:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
     resources = {"CPU": cfg.launch.cpus_per_worker} | ({"GPU": gpus} if gpus else {})
     storage, storage_filesystem = ray_storage(cfg)
+    attempts = ray.remote(num_cpus=0)(Attempts).remote()
+    hook = {FAULTS_ENV: os.environ[FAULTS_ENV]} if FAULTS_ENV in os.environ else None
+    secrets = {"storage_options": cfg.storage_options, "webhook": cfg.alerts.webhook}
     trainer = TorchTrainer(
-        partial(train_worker, storage_options=cfg.storage_options, webhook=cfg.alerts.webhook),
+        partial(train_worker, **secrets, attempts=attempts, env=hook),
         train_loop_config=loop_config(cfg),
         scaling_config=ScalingConfig(
             num_workers=cfg.launch.workers, use_gpu=bool(gpus), resources_per_worker=resources
         ),
         run_config=RunConfig(
-            name="mmcurate-train", storage_path=storage, storage_filesystem=storage_filesystem
+            name="mmcurate-train",
+            storage_path=storage,
+            storage_filesystem=storage_filesystem,
+            failure_config=FailureConfig(max_failures=cfg.launch.max_failures),
         ),
     )
     trainer.fit()

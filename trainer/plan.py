@@ -19,9 +19,12 @@ talking to the others, and a checkpoint only needs (epoch, batches consumed) to 
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from core.manifest import Manifest, Shard
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,21 @@ class WeightedManifest:
     @property
     def quota(self) -> int:
         return round(self.weight * sum(self.sizes))
+
+
+def mixed(
+    manifest: Manifest | Sequence[tuple[Manifest, float]],
+) -> tuple[list[Shard], list[WeightedManifest]]:
+    """All shards, and each manifest as a WeightedManifest: one manifest, or several with weights
+    (samples per epoch = weight x samples)."""
+    mix = [(manifest, 1.0)] if isinstance(manifest, Manifest) else list(manifest)
+    shards, sources = [], []
+    for source, weight in mix:
+        first = len(shards)
+        shards += source.shards
+        sizes = tuple(shard.samples for shard in source.shards)
+        sources.append(WeightedManifest(tuple(range(first, len(shards))), sizes, weight))
+    return shards, sources
 
 
 def epoch_pieces(sources: Sequence[WeightedManifest], seed: int, epoch: int) -> list[Piece]:
@@ -152,21 +170,89 @@ def segments(pieces: Sequence[Piece], first: int, count: int, skip_below: int = 
 def shuffled(first: int, count: int, buffer: int, seed: str) -> list[int]:
     """Positions first..first+count-1 as a shuffle buffer of `buffer` would emit them: fill
     the buffer, then emit a random element per element read; drain it shuffled at the end."""
-    positions = range(first, first + count)
-    if buffer <= 1:
-        return list(positions)
-    rng = random.Random(seed)
-    held: list[int] = []
-    out: list[int] = []
-    for position in positions:
-        held.append(position)
-        if len(held) >= buffer:
-            j = rng.randrange(len(held))
-            held[j], held[-1] = held[-1], held[j]
-            out.append(held.pop())
-    rng.shuffle(held)
-    out.extend(held)
-    return out
+    return list(Emission(first, count, buffer, seed))
+
+
+class Cursor:
+    """The state of an emission being drawn: positions in the buffer, the next one to read."""
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        self.following = 0
+
+
+class Emission:
+    """A worker's positions in emission order, made as they are drawn (no list of the span):
+    the shuffle buffer of `shuffled` run on positions, less its first `skip` (emitted before
+    a resume). Iterating starts over; len, slices and == work as on the list it stands for."""
+
+    def __init__(self, first: int, count: int, buffer: int, seed: str, skip: int = 0) -> None:
+        self.first, self.count, self.buffer, self.seed = first, count, buffer, seed
+        self.skip = min(max(skip, 0), max(count, 0))
+        self._resume: tuple[int, frozenset[int]] | None = None
+
+    def positions(self, cursor: Cursor | None = None) -> Iterator[int]:
+        """All `count` positions in emission order; `cursor` follows the buffer's state."""
+        cursor = cursor or Cursor()
+        held, cursor.following = cursor.held, self.first
+        end = self.first + self.count
+        if self.buffer <= 1:
+            for position in range(self.first, end):
+                cursor.following = position + 1
+                yield position
+            return
+        rng = random.Random(self.seed)
+        for position in range(self.first, end):
+            held.append(position)
+            cursor.following = position + 1
+            if len(held) >= self.buffer:
+                j = rng.randrange(len(held))
+                held[j], held[-1] = held[-1], held[j]
+                yield held.pop()
+        rng.shuffle(held)
+        held.reverse()  # popped from the end: the shuffled order
+        while held:
+            yield held.pop()
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(self.positions(), self.skip, None)
+
+    def resume_point(self) -> tuple[int, frozenset[int]]:
+        """(next position to read, positions held in the buffer) after the skipped ones:
+        what is left to emit is the held ones and every position from the next on."""
+        if self._resume is None:
+            cursor = Cursor()
+            for _ in itertools.islice(self.positions(cursor), self.skip):
+                pass
+            self._resume = (cursor.following, frozenset(cursor.held))
+        return self._resume
+
+    def lowest(self) -> int:
+        """The lowest position left to emit (the end of the span when none is)."""
+        following, held = self.resume_point()
+        return min(held, default=following)
+
+    def fresh(self, position: int) -> bool:
+        """Whether `position` is still to be emitted (not emitted before the resume)."""
+        following, held = self.resume_point()
+        return position >= following or position in held
+
+    def __len__(self) -> int:
+        return self.count - self.skip
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return list(itertools.islice(self, index.start, index.stop, index.step))
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return next(itertools.islice(self, index, None))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (Emission, list, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # compares by value, as a list
 
 
 @dataclass(frozen=True)
@@ -174,7 +260,7 @@ class WorkerPlan:
     """What one worker reads this epoch and the order it emits positions in."""
 
     segments: list[Segment]
-    emit: list[int]  # epoch positions in emission order, already-consumed ones removed
+    emit: Emission  # epoch positions in emission order, already-consumed ones removed
     batches: int  # batches this worker still yields
 
 
@@ -188,18 +274,20 @@ def worker_plan(
     consumed_batches: int = 0,
     multiple: int = 1,
 ) -> WorkerPlan:
-    """The plan of one worker, resuming after the rank consumed `consumed_batches` batches."""
+    """The plan of one worker, resuming after the rank consumed `consumed_batches` batches.
+    Its memory is O(pieces + shuffle_buffer), whatever the span (the emission is drawn)."""
     total = sum(piece.size for piece in pieces)
     first, count, _ = worker_span(total, layout, batch_size, multiple)
     rank_batches = batches_per_rank(total, layout.world, batch_size, multiple)
     done = consumed_per_worker(worker_batches(rank_batches, layout.workers), consumed_batches)
-    skip = done[layout.worker]
-    emit = shuffled(
+    skip = min(done[layout.worker], count)
+    emit = Emission(
         first,
         count * batch_size,
         shuffle_buffer,
         f"{seed}:{epoch}:{layout.rank}:{layout.worker}",
-    )[skip * batch_size :]
-    lowest = min(emit) if emit else first + count * batch_size
+        skip * batch_size,
+    )
+    lowest = emit.lowest() if len(emit) else first + count * batch_size
     needed = segments(pieces, first, count * batch_size, skip_below=lowest)
     return WorkerPlan(segments=needed, emit=emit, batches=count - skip)

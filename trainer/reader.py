@@ -7,6 +7,11 @@ unread samples come back as None (the loader replaces them, so every rank still 
 full, equal batches), and it is reported through `take_skipped`. A shard whose bytes did not
 match is not downloaded again by this process; other errors are tried again next time.
 
+Streamed and verified, a remote shard's run is hashed as its bytes pass and its samples held
+(trainer/hold.py: in memory up to `hold_bytes`, then on local disk) until the stream ended and
+matched the manifest; only then do they come. A `used` filter (member extension -> bool) leaves
+out members the caller has no use for: their bytes are read past, never kept.
+
 A cached copy that cannot be read (a damaged tar) is hashed: when its bytes are not the
 manifest's (damaged on the node's disk) it is removed and the shard downloaded again, once per
 shard and process, and read on from the sample it stopped at (`refetches` counts these).
@@ -16,17 +21,26 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import IO, Any
 
 import fsspec
 
-from core.tario import iter_tar_samples
+from core.storage import protocol_of, with_retries
+from core.tario import EXT_ALIASES, group_samples, iter_tar_samples, split_member_name, tar_files
 from trainer.cache import ShardCache
+from trainer.hold import SampleStore
 from trainer.manifest import Shard
 from trainer.plan import Segment
-from trainer.verify import ShardCorrupt, open_verified, read_errors
+from trainer.verify import (
+    DAMAGED_TAR,
+    RETRIES,
+    HashedStream,
+    ShardCorrupt,
+    open_verified,
+    read_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +57,12 @@ class ShardReader:
         storage_options: dict[str, Any] | None = None,
         cache: tuple[str, int] | None = None,
         verify: bool = True,
+        used: Callable[[str], bool] | None = None,
+        hold_bytes: int | None = None,
     ) -> None:
         self.shards = shards
+        self.used = used  # which member extensions to read (None: all)
+        self.hold_bytes = hold_bytes  # in memory per held run (None: trainer/hold.py's default)
         self.storage_options = dict(storage_options or {})
         self.cache = ShardCache(cache[0], cache[1], self.storage_options) if cache else None
         self.verify = verify
@@ -83,13 +101,16 @@ class ShardReader:
         if index in self.corrupt:
             self.skip(index, self.corrupt[index])
             return
+        if self.cache is None and self.verify and protocol_of(self.shards[index].url) != "file":
+            yield from self.verified(index, start, stop)
+            return
         position = start
         while True:
             copy = None  # the cached copy being read (its fstat)
             try:
                 with self.open(index) as f:
                     copy = os.fstat(f.fileno()) if self.cache is not None else None
-                    for sample in iter_tar_samples(f, position, stop):
+                    for sample in self.parse(f, position, stop):
                         yield sample
                         position += 1
                 return
@@ -102,6 +123,62 @@ class ShardReader:
                 if copy is None or not self.refetch(index, copy, why):
                     self.skip(index, why)
                     return
+
+    def parse(self, f: IO[bytes], start: int, stop: int | None) -> Iterator[dict]:
+        """Samples [start, stop) of a tar, without the members `used` leaves out."""
+        if self.used is None:
+            return iter_tar_samples(f, start, stop)
+        return used_samples(f, start, stop, self.used)
+
+    def verified(self, index: int, start: int, stop: int | None) -> Iterator[dict]:
+        """Samples [start, stop) of a remote shard, given once the whole shard matched."""
+        try:
+            store, failed = self.hold(index, start, stop)
+        except ShardCorrupt as err:
+            self.corrupt[index] = str(err)
+            self.skip(index, str(err))
+            return
+        except read_errors() as err:
+            self.skip(index, f"{type(err).__name__}: {err}")
+            return
+        try:
+            for offset in range(len(store)):
+                yield store.pop(offset)
+        finally:
+            store.close()
+        if failed:  # the tar itself is damaged (its bytes are the manifest's)
+            self.skip(index, failed)
+
+    def hold(self, index: int, start: int, stop: int | None) -> tuple[SampleStore, str | None]:
+        """The run's samples held, its shard streamed and checked (downloaded again up to
+        RETRIES times on a mismatch, transient storage errors retried), and the tar's own
+        damage, if any, past the samples before it."""
+        problem: ShardCorrupt | None = None
+        for _ in range(RETRIES + 1):
+            store = SampleStore(self.hold_bytes)
+            try:
+                return store, with_retries(lambda s=store: self.hold_once(index, start, stop, s))
+            except ShardCorrupt as err:
+                store.close()
+                problem = err
+            except BaseException:
+                store.close()
+                raise
+        raise ShardCorrupt(f"{problem} (downloaded {RETRIES + 1} times)")
+
+    def hold_once(self, index: int, start: int, stop: int | None, store: SampleStore) -> str | None:
+        store.close()  # a retry starts over
+        url, sha256, size = self.entry(index)
+        failed = None
+        with open_verified(url, sha256, size, self.storage_options) as stream:
+            assert isinstance(stream, HashedStream)
+            try:
+                for offset, sample in enumerate(self.parse(stream, start, stop)):
+                    store.put(offset, sample)
+            except DAMAGED_TAR as err:  # whose fault: the hash of the whole stream says
+                failed = f"{type(err).__name__}: {err}"
+            stream.check()
+        return failed
 
     def refetch(self, index: int, copy: os.stat_result, why: str) -> bool:
         """Whether the cached copy that failed to read was damaged on this disk and is to be
@@ -144,3 +221,25 @@ class ShardReader:
     def entry(self, index: int) -> tuple[str, str | None, int]:
         shard = self.shards[index]
         return shard.url, shard.sha256, shard.bytes
+
+
+UNREAD = object()  # what a member left out reads as (dropped from its sample)
+
+
+def used_samples(
+    f: IO[bytes], start: int, stop: int | None, used: Callable[[str], bool]
+) -> Iterator[dict]:
+    """`iter_tar_samples` without the members whose extension `used` rejects: grouped into
+    samples exactly as before (same keys, same splits), their data read past, not kept."""
+
+    def member(name: str, read: Callable[[], bytes]) -> tuple[str, Callable[[], object]]:
+        ext = split_member_name(name)[1]
+        return name, read if used(EXT_ALIASES.get(ext, ext)) else unread
+
+    files = (member(name, read) for name, read in tar_files(f))
+    for sample in group_samples(files, start, stop):  # type: ignore[arg-type]
+        yield {name: value for name, value in sample.items() if value is not UNREAD}
+
+
+def unread() -> object:
+    return UNREAD

@@ -131,7 +131,7 @@ class LogFiles:
         if self.board:
             for name in BOARD_FIELDS:
                 self.board.add_scalar(f"train/{name}", row[name], row["step"])
-            for name in (k for k in row if k.startswith("eval/")):
+            for name in (k for k in row if k.startswith(("eval/", "gpu/"))):
                 self.board.add_scalar(name, row[name], row["step"])
             self.board.flush()
 

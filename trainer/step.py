@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import open_clip
@@ -16,10 +17,14 @@ import torch.nn.functional as F
 from open_clip.loss import SigLipLoss
 from torch.nn.parallel import DistributedDataParallel
 
+from core.config_io import ConfigError
 from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Batch
 from trainer.distributed import Dist
+from trainer.fsdp import average_replicated_grads, is_fsdp, shard_model
+from trainer.fsdp import gradient_norm as sharded_gradient_norm
 from trainer.models import build_model
+from trainer.precision import autocast  # noqa: F401  (re-exported: trainer.train names it)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -46,9 +51,19 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
 
 
 def make_optimizer(
-    model: torch.nn.Module, cfg: OptimConfig, total_steps: int
+    model: torch.nn.Module, cfg: OptimConfig, total_steps: int, zero: bool = False
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    """AdamW and its schedule; `zero`: each rank keeps and updates the state of its share
+    of the parameters only (ZeroRedundancyOptimizer, which broadcasts the updated ones)."""
+    groups = param_groups(model, cfg.weight_decay)
+    if zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+            groups, optimizer_class=torch.optim.AdamW, lr=cfg.lr
+        )
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg.warmup_steps, total_steps)
     )
@@ -62,19 +77,11 @@ def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
     return max(cfg.run.epochs * steps_per_epoch, 1)
 
 
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """Mixed precision on CUDA only; CPU runs (tests, the demo) stay fp32 and reproducible."""
-    if device.type != "cuda" or precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast("cuda", dtype=dtype)
-
-
 @dataclass
 class Parts:
     """What one training step needs."""
 
-    model: torch.nn.Module  # DDP-wrapped when world > 1
+    model: torch.nn.Module  # DDP-wrapped (or FSDP-sharded) when world > 1
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
@@ -137,6 +144,8 @@ def guarded_step(parts: Parts, batches: list[Batch], guard: StepGuard | None = N
         parts.scaler.scale(loss).backward()
     else:
         loss = accumulated_backward(parts, batches)
+    if is_fsdp(parts.model):  # the unsharded temperature's gradient, as DDP averages it
+        average_replicated_grads(parts.model, torch.distributed.get_world_size())
     parts.scaler.unscale_(parts.optimizer)  # a no-op unless fp16's scaler is on
     grad_norm = gradient_norm(parts.model)
     loss = loss.detach()
@@ -152,6 +161,8 @@ def guarded_step(parts: Parts, batches: list[Batch], guard: StepGuard | None = N
 
 def gradient_norm(model: torch.nn.Module) -> torch.Tensor:
     """The total L2 norm of all gradients (as clip_grad_norm_ computes it), on the device."""
+    if is_fsdp(model):
+        return sharded_gradient_norm(model)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
         return torch.zeros(())
@@ -164,6 +175,8 @@ def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:
     with torch.no_grad(), autocast(parts.precision, parts.device):
         cached = [clip_features(parts.model, b.images, b.tokens) for b in batches]
     no_sync = getattr(parts.model, "no_sync", None)  # DDP: all-reduce after the last only
+    if is_fsdp(parts.model):
+        no_sync = partial(fsdp_no_sync, parts.model)
     for j, batch in enumerate(batches):
         last = j == len(batches) - 1
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
@@ -184,6 +197,16 @@ def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:
     return loss
 
 
+@contextlib.contextmanager
+def fsdp_no_sync(model: Any) -> Iterator[None]:
+    """FSDP2's no_sync: gradients kept unsharded and unreduced until the last micro-batch."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 def make_loss(name: str, place: Dist) -> torch.nn.Module:
     if name == "siglip":
         return SigLipLoss(rank=place.rank, world_size=place.world)
@@ -199,8 +222,19 @@ def make_loss(name: str, place: Dist) -> torch.nn.Module:
 def build_parts(cfg: TrainConfig, place: Dist, total_steps: int) -> tuple[Parts, Any]:
     """Model, optimizer, schedule, scaler and loss; also returns (preprocess, tokenizer)."""
     model, preprocess, tokenizer = build_model(cfg.model, place.device)
-    optimizer, scheduler = make_optimizer(model, cfg.optim, total_steps)
-    if place.world > 1:
+    if cfg.model.gradient_checkpointing:
+        model.set_grad_checkpointing(True)
+    # One rank with a process group (a 1-GPU check) shards too: FSDP2 on a mesh of one.
+    sharded = cfg.strategy == "fsdp" and (place.world > 1 or torch.distributed.is_initialized())
+    if sharded and cfg.eval.enabled:  # rank 0 evaluates alone: a sharded forward needs all
+        raise ConfigError("strategy: fsdp on several ranks cannot evaluate during training yet")
+    if sharded:  # before the optimizer: it must hold the shards
+        model = shard_model(model, place, cfg.run.precision)
+    if cfg.optim.zero and cfg.strategy == "fsdp":
+        raise ConfigError("optim.zero: for strategy ddp (fsdp shards the optimizer itself)")
+    zero = cfg.optim.zero and place.world > 1
+    optimizer, scheduler = make_optimizer(model, cfg.optim, total_steps, zero)
+    if place.world > 1 and not sharded:
         ids = [place.device.index] if place.device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)
     use_scaler = place.device.type == "cuda" and cfg.run.precision == "fp16"

@@ -35,18 +35,18 @@ from tqdm import tqdm
 
 from core.config_io import ConfigError
 from core.storage import join
+from trainer import sharded
 from trainer.cache import check_cache_dir
 from trainer.checkpoint import checkpoint_path, checkpoint_step
 from trainer.config import TrainConfig
-from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
+from trainer.data import Batch, ShardDataset
 from trainer.distributed import Dist, barrier, leave, setup_distributed
+from trainer.fsdp import weights_and_optimizer
 from trainer.guard import Alerts, Guard, open_alerts
-from trainer.manifest import Manifest, read_manifest
 from trainer.models import resolve_weights
 from trainer.outputs import RunLogs
 from trainer.plan import batches_per_rank
 from trainer.prefetch import DevicePrefetcher, timed
-from trainer.ring import Transport, transport
 from trainer.run_log import LogFiles, Meter, require_tensorboard, tensorboard_writer, trim_log
 from trainer.step import (
     Parts,
@@ -59,20 +59,34 @@ from trainer.step import (
     lr_of,
     planned_steps,
 )
+from trainer.telemetry import Telemetry, open_telemetry
+from trainer.train_data import (
+    DEFAULT_CACHE_LIMIT,
+    make_dataset,
+    make_training_loader,
+    read_sources,
+    training_transport,
+)
 from trainer.train_eval import Evaluator, open_evaluator
 from trainer.train_state import (
     LoopState,
+    announce_restart,
+    carry_epoch,
     clear_previous_run,
     data_totals,
     finished,
+    minutes_due,
     previous_checkpoint,
+    restarted_config,
     restore_state,
+    save_shards,
     save_state,
     start_state,
 )
 
 # Names other modules, tests and benches import from here (they moved in the split).
 __all__ = [
+    "DEFAULT_CACHE_LIMIT",
     "DevicePrefetcher",
     "Dist",
     "LoopState",
@@ -83,10 +97,14 @@ __all__ = [
     "clip_features",
     "contrastive_loss",
     "lr_factor",
+    "make_dataset",
+    "make_training_loader",
+    "read_sources",
     "restore_state",
     "save_state",
     "tensorboard_writer",
     "train",
+    "training_transport",
     "trim_log",
 ]
 
@@ -120,11 +138,13 @@ class Trainer:
         if checkpoint:
             self.guard.saved(checkpoint)
         self.meter = Meter()
-        self.epoch_batches = dataset.batches_per_epoch()
+        self.saved_at = time.monotonic()  # run.checkpoint_minutes counts from here
+        self.epoch_batches = dataset.batches_per_epoch(state.epoch)  # a re-split one: fewer
         self.first_loss: float | None = None
         self.last_loss: torch.Tensor | None = None
         self.last_lr = 0.0
         self.last_eval: dict[str, Any] | None = None  # the newest evaluation (summary.json)
+        self.telemetry: Telemetry | None = None  # GPU readings for the log rows (rank 0)
         # A progress bar on rank 0's terminal only (tqdm turns itself off off a TTY).
         off = None if place.rank == 0 else True
         self.bar = tqdm(total=cfg.run.max_steps, unit="step", desc="train", disable=off)
@@ -178,7 +198,8 @@ class Trainer:
         state.step += 1
         state.batches_in_epoch += len(group)
         if state.batches_in_epoch >= self.epoch_batches:  # epochs hold whole steps
-            state.epoch, state.batches_in_epoch = state.epoch + 1, 0
+            state.epoch, state.batches_in_epoch, state.carried = state.epoch + 1, 0, []
+            self.epoch_batches = self.dataset.batches_per_epoch(state.epoch)
         state.samples_seen += sum(len(b.keys) for b in group) * self.place.world
         for batch in group:
             state.skipped_shards.update(batch.skipped)
@@ -189,6 +210,8 @@ class Trainer:
             [key for batch in group for key in (batch.used or batch.keys)],
         )
         self.bar.update()
+        if self.telemetry:
+            self.telemetry.step = state.step
         if self.first_loss is None:
             self.first_loss = loss.item()
         self.last_loss, self.last_lr = loss, lr
@@ -196,6 +219,7 @@ class Trainer:
         if metrics or state.step == 1 or state.step % run.log_every == 0:
             self.log(lr, metrics)
         due = run.checkpoint_every and state.step % run.checkpoint_every == 0
+        due = due or minutes_due(self.cfg, self.place, self.saved_at)
         # Not during a skip or spike streak: the newest checkpoint must stay a good one (the
         # one a restore reloads and, after health's stop, the one a resume starts from).
         if due and self.guard.health.healthy:
@@ -223,11 +247,14 @@ class Trainer:
             self.logs.upload()
             barrier(self.place)
         skipped, replaced = self.totals()  # all ranks': rank 0 saves them
+        self.saved_at = time.monotonic()
+        gathered = weights_and_optimizer(self.parts)  # fsdp: a collective call
+        shards = save_shards(self.parts, self.cfg, self.state.step)  # fsdp: every rank's own
         if self.place.rank == 0:
-            samples = self.dataset.epoch_samples
+            samples, folder = self.dataset.epoch_samples, self.logs.folder
             state = replace(self.state, skipped_shards=skipped, replaced_samples=replaced)
             self.checkpoint = save_state(
-                self.parts, state, self.cfg, self.place.world, samples, self.logs.folder
+                self.parts, state, self.cfg, self.place.world, samples, folder, gathered, shards
             )
         else:
             self.checkpoint = checkpoint_path(self.cfg.run.output, self.state.step)
@@ -276,6 +303,7 @@ class Trainer:
         row = self.meter.flush(self.state) | {"lr": lr}
         row |= {"skipped_shards": len(skipped), "replaced_samples": replaced}
         row |= self.guard.fields() | (extra or {})
+        row |= self.telemetry.fields() if self.telemetry else {}
         self.bar.set_postfix(
             loss=f"{row['loss']:.3f}",
             samples_s=f"{row['samples_per_s']:.0f}",
@@ -294,66 +322,13 @@ class Trainer:
             self.save()
 
 
-DEFAULT_CACHE_LIMIT = 100 * 10**9  # when cache_dir is set without cache_limit
-
-
-def read_sources(cfg: TrainConfig) -> list[tuple[Manifest, float]]:
-    """`data.manifest` with `data.weight`, then every `data.mix` entry."""
-    entries = [(cfg.data.manifest, cfg.data.weight)]
-    entries += [(entry.manifest, entry.weight) for entry in cfg.data.mix]
-    return [(read_manifest(url, cfg.storage_options), weight) for url, weight in entries]
-
-
-def make_dataset(
-    cfg: TrainConfig,
-    sources: list[tuple[Manifest, float]],
-    place: Dist,
-    preprocess: Any,
-    tokenizer: Any,
-) -> ShardDataset:
-    cache = None
-    if cfg.data.cache_dir:
-        cache = (cfg.data.cache_dir, cfg.data.cache_limit_bytes or DEFAULT_CACHE_LIMIT)
-    return ShardDataset(
-        sources,
-        ImageTransform(preprocess),
-        tokenizer,
-        batch_size=cfg.data.batch_size,
-        seed=cfg.data.seed,
-        shuffle_buffer=cfg.data.shuffle_buffer,
-        rank=place.rank,
-        world=place.world,
-        step_batches=cfg.optim.accum_freq,
-        device_decode=cfg.data.gpu_decode,
-        decode_threads=cfg.data.decode_threads,
-        finish_in_workers=place.device.type != "cuda",
-        storage_options=cfg.storage_options,
-        cache=cache,
-        verify=cfg.data.verify_shards,
-    )
-
-
-def training_transport(cfg: TrainConfig, device_type: str) -> Transport:
-    """The loader's transport for a run on `device_type` ("cpu" or "cuda"): a pure function
-    of the config, so a CPU test checks the very choice a GPU run makes (trainer/ring.py)."""
-    data = cfg.data
-    return transport(device_type, data.workers, cfg.optim.accum_freq, data.gpu_decode)
-
-
-def make_training_loader(cfg: TrainConfig, dataset: ShardDataset, place: Dist) -> Any:
-    """The same loader on the CPU and on CUDA: the loader's own workers and their
-    shared-memory rings (a DataLoader only for data.gpu_decode or no workers). On CUDA,
-    DevicePrefetcher copies each view to the device on a side stream (trainer/prefetch.py)."""
-    how = training_transport(cfg, place.device.type)
-    return make_loader(dataset, cfg.data.workers, pin_memory=how.pin_memory, hold=how.hold)
-
-
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train a CLIP model on a build's shards; returns a summary of the run."""
     require_tensorboard(cfg)  # fails fast, before any model is built
     resolve_weights(cfg.model.name, cfg.model.pretrained, cfg.storage_options)  # and these
     check_cache_dir(cfg.data.cache_dir)
     place = setup_distributed()
+    cfg = restarted_config(cfg, place)  # a torchrun restart continues its own run
     torch.manual_seed(cfg.data.seed)  # the same initial weights on every rank
     previous = previous_checkpoint(cfg, cfg.run.output, place)  # before the model: fails fast
     eval_sets = open_evaluator(cfg, place)  # so does a bad eval set
@@ -372,16 +347,23 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     resume_step = checkpoint_step(previous) if previous else None
     with LogFiles(logs.folder, cfg, place.rank, resume_step) as files:
         state = start_state(parts, previous, cfg, place, total)
+        carry_epoch(dataset, state)  # a mid-epoch resume on another layout
         evaluator = eval_sets.evaluator(parts.core, tokenizer) if eval_sets else None
         alerts = open_alerts(cfg, place)
+        announce_restart(alerts, place, state, previous)
         trainer = Trainer(
             cfg, parts, dataset, loader, place, logs, files, state, previous, evaluator, alerts
         )
+        trainer.telemetry = open_telemetry(cfg, place.local_rank, place.rank, alerts)
         try:
             trainer.fit()
         except Exception as err:
             trainer.guard.failed(err, trainer.state.step)  # the run_end alert (rank 0)
             raise
+        finally:
+            if trainer.telemetry:  # its alerts go before the sender closes
+                trainer.telemetry.stop()
+            sharded.wait()  # an async checkpoint save still writing
         summary = trainer.summary()  # every rank, before the process group goes
         trainer.guard.end(summary)  # the run_end alert (rank 0)
     barrier(place)  # rank 0's final checkpoint is on disk before any rank reports done

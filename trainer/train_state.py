@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import posixpath
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from core.config_io import ConfigError
+from core.storage import join
+from trainer import sharded
 from trainer.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointUnreadable,
@@ -26,12 +29,15 @@ from trainer.checkpoint import (
     missing_train_keys,
     read_checkpoint,
     save_checkpoint,
+    sweep_partial_saves,
 )
 from trainer.config import TrainConfig
 from trainer.distributed import Dist, barrier, from_rank0
+from trainer.fsdp import is_fsdp, load_weights_and_optimizer, weights_and_optimizer
 from trainer.manifest import read_manifest
 from trainer.models import open_clip_state_dict
 from trainer.outputs import remove_run
+from trainer.resplit import Split, saved_splits
 from trainer.step import Parts
 
 log = logging.getLogger(__name__)
@@ -42,6 +48,7 @@ LOADER_LAYOUT = (
     "manifest_samples",  # a changed manifest would change the plan
     "manifest_digest",  # and so would other shards of the same total (older checkpoints: none)
 )
+RESPLIT = {"world", "workers"}  # changed mid-epoch, the rest of the epoch is re-split
 
 
 @dataclass
@@ -60,6 +67,7 @@ class LoopState:
     skipped_steps: int = 0  # steps health skipped (non-finite), since the start of training
     restores: int = 0  # times health reloaded the last good checkpoint
     manifest_digest: str | None = None  # the data's shards and weights (`manifest_digest`)
+    carried: list[Split] = field(default_factory=list)  # this epoch's earlier layouts
 
 
 def manifest_digest(cfg: TrainConfig) -> str:
@@ -95,6 +103,7 @@ def loader_state(
         "replaced_samples": state.replaced_samples,
         "skipped_steps": state.skipped_steps,
         "restores": state.restores,
+        "carried": [split.saved() for split in state.carried],
     } | digest
 
 
@@ -118,11 +127,16 @@ def save_state(
     world: int,
     manifest_samples: int,
     staging: Path | None = None,
+    gathered: tuple[dict[str, Any], dict[str, Any] | None] | None = None,
+    sharded: str | None = None,
 ) -> str:
     """Checkpoint model, optimizer, schedule, loader position and the resolved config. The
     weights are also under `state_dict` as plain open_clip loads them (the same tensors: saved
-    once), so `create_model_and_transforms(name, pretrained=PATH)` takes the file as it is."""
-    weights = parts.core.state_dict()
+    once), so `create_model_and_transforms(name, pretrained=PATH)` takes the file as it is.
+    `gathered`: (model, optimizer) state already gathered from the ranks (strategy fsdp:
+    no optimizer, it is in the DCP folder `sharded`, trainer/sharded.py)."""
+    weights, optimizer = gathered or weights_and_optimizer(parts)
+    where = {"optimizer": optimizer} if sharded is None else {"sharded": sharded}
     return save_checkpoint(
         checkpoint_path(cfg.run.output, state.step),
         {
@@ -130,7 +144,7 @@ def save_state(
             "step": state.step,
             "model": weights,
             "state_dict": open_clip_state_dict(weights, cfg.model.name),
-            "optimizer": parts.optimizer.state_dict(),
+            **where,
             "scheduler": parts.scheduler.state_dict(),
             "scaler": parts.scaler.state_dict(),
             "loader": loader_state(state, cfg, world, manifest_samples),
@@ -156,7 +170,13 @@ def restore_state(
     saved = ckpt["loader"]
     now = loader_state(LoopState(manifest_digest=digest), cfg, world, manifest_samples)
     changed = [k for k in LOADER_LAYOUT if k in saved and k in now and saved[k] != now[k]]
-    if changed and saved.get("batches_in_epoch", 0):
+    consumed, carried = saved.get("batches_in_epoch", 0), saved_splits(saved)
+    if consumed and changed and set(changed) <= RESPLIT:  # the rest re-split over the new one
+        carried.append(Split(saved["world"], saved["workers"], consumed))
+        consumed, changed = 0, []
+        was = f"{saved['world']} ranks x {saved['workers']} workers"
+        log.info("run.resume: the rest of epoch %d, left by %s, is re-split", saved["epoch"], was)
+    if changed and consumed:
         was = ", ".join(f"{k}={saved.get(k)}" for k in changed)
         got = ", ".join(f"{k}={now[k]}" for k in changed)
         why = (
@@ -169,8 +189,7 @@ def restore_state(
             f"run.resume: {posixpath.basename(path)} stopped mid-epoch with {was}; an exact "
             f"resume needs the same loader layout (now {got}){why}"
         )
-    parts.core.load_state_dict(ckpt["model"])
-    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    load_weights_and_optimizer(parts, ckpt, path, cfg.storage_options)
     parts.scheduler.load_state_dict(ckpt["scheduler"])
     parts.scaler.load_state_dict(ckpt["scaler"])
     log.info("resumed from %s at step %d", path, ckpt["step"])
@@ -178,12 +197,13 @@ def restore_state(
         step=ckpt["step"],
         epoch=saved["epoch"],
         samples_seen=saved["samples_seen"],
-        batches_in_epoch=saved.get("batches_in_epoch", 0),
+        batches_in_epoch=consumed,
         skipped_shards=set(saved.get("skipped_shards", ())),
         replaced_samples=saved.get("replaced_samples", 0),
         skipped_steps=saved.get("skipped_steps", 0),
         restores=saved.get("restores", 0),
         manifest_digest=digest,
+        carried=carried,
     )
 
 
@@ -209,8 +229,7 @@ def reload_weights(parts: Parts, path: str, cfg: TrainConfig) -> None:
     schedule, the learning rate and the loader go on where they are."""
     ckpt = load_checkpoint(path, cfg.storage_options)
     rates = [group["lr"] for group in parts.optimizer.param_groups]
-    parts.core.load_state_dict(ckpt["model"])
-    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    load_weights_and_optimizer(parts, ckpt, path, cfg.storage_options)
     for group, lr in zip(parts.optimizer.param_groups, rates, strict=True):
         group["lr"] = lr
     parts.scaler.load_state_dict(ckpt["scaler"])
@@ -231,6 +250,8 @@ def previous_checkpoint(cfg: TrainConfig, output: str, place: Dist) -> str | Non
     up the old run's."""
     chosen, problem = None, None
     if place.rank == 0:
+        for name in sweep_partial_saves(output, cfg.storage_options):
+            log.warning("removed %s: a checkpoint save that was killed midway", name)
         found = list_checkpoints(output, cfg.storage_options)
         chosen = found[0] if found else None
         if chosen and cfg.run.overwrite:
@@ -264,7 +285,9 @@ def newest_intact(found: list[str], cfg: TrainConfig) -> str:
     first_problem = None
     for path in found:
         try:
-            read_checkpoint(path, cfg.storage_options, lazy=True)
+            ckpt = read_checkpoint(path, cfg.storage_options, lazy=True)
+            if isinstance(ckpt, dict) and not sharded.complete(path, ckpt, cfg.storage_options):
+                raise CheckpointUnreadable(f"{path} is unreadable (its DCP folder is incomplete)")
         except CheckpointUnreadable as err:
             first_problem = first_problem or f"run.resume: {err}"
             log.warning("run.resume: %s; trying the next newest checkpoint", err)
@@ -295,3 +318,54 @@ def clear_previous_run(cfg: TrainConfig, place: Dist) -> None:
     if cfg.run.overwrite and place.rank == 0:
         remove_run(cfg.run.output, cfg.storage_options)
     barrier(place)  # no rank writes into run.output before the old run's files are gone
+
+
+def restarted_config(cfg: TrainConfig, place: Dist) -> TrainConfig:
+    """After torchrun (`--max-restarts`) or Ray Train (`launch.max_failures`) restarted the
+    ranks (a rank was lost) the run goes on from its own newest checkpoint: run.resume on,
+    run.overwrite off (it would delete it)."""
+    if not place.restarts or (cfg.run.resume and not cfg.run.overwrite):
+        return cfg
+    log.warning("restart %d: resuming from the newest checkpoint", place.restarts)
+    run = cfg.run.model_copy(update={"resume": True, "overwrite": False})
+    return cfg.model_copy(update={"run": run})
+
+
+def announce_restart(alerts: Any, place: Dist, state: LoopState, previous: str | None) -> None:
+    """The `restart` alert (rank 0's sender) of a run torchrun or Ray Train restarted."""
+    if place.restarts:
+        where = posixpath.basename(previous) if previous else "the start (no checkpoint yet)"
+        message = f"restart {place.restarts} after a lost rank: resumed from {where}"
+        alerts.send("restart", state.step, message, {"restarts": place.restarts})
+
+
+def save_shards(parts: Parts, cfg: TrainConfig, step: int) -> str | None:
+    """strategy fsdp: every rank writes its model and optimizer shards to the step's DCP
+    folder (trainer/sharded.py); returns its name for rank 0's `step-<N>.pt`."""
+    if not is_fsdp(parts.model):
+        return None
+    name = sharded.folder_name(step)
+    url = join(cfg.run.output, "checkpoints", name)
+    sharded.save(parts.model, parts.optimizer, url, cfg.storage_options, cfg.run.async_checkpoint)
+    return name
+
+
+def carry_epoch(dataset: Any, state: LoopState) -> None:
+    """A resume that re-splits its epoch over another layout: the dataset plans the rest
+    (trainer/resplit.py); a rest too short for one step of every rank moves on to the next
+    epoch (its samples left out, as an epoch's tail is)."""
+    if state.carried and dataset.carry(state.epoch, state.carried) == 0:
+        log.warning("run.resume: the rest of epoch %d holds no full step: next epoch", state.epoch)
+        state.epoch, state.carried = state.epoch + 1, []
+
+
+def minutes_due(cfg: TrainConfig, place: Dist, since: float) -> bool:
+    """run.checkpoint_minutes: whether that long has passed since `since` (a monotonic time)
+    by rank 0's clock, the same answer on every rank (one broadcast a step when set)."""
+    every = cfg.run.checkpoint_minutes
+    if every is None:
+        return False
+    due = torch.tensor([time.monotonic() - since >= every * 60], device=place.device)
+    if place.world > 1:
+        dist.broadcast(due, 0)
+    return bool(due.item())

@@ -1,9 +1,10 @@
 """A shard's bytes checked against its manifest entry (size and sha256) before any sample of
 it is used: by the node's shard cache (trainer/cache.py) and when streaming without one.
 
-Streaming verifies before it yields: a remote shard is copied, hashed as its bytes pass, into a
-spool (memory up to SPOOL_BYTES, then a temporary file under TMPDIR) and read from there once
-it matches; a local shard is hashed in place and then read again (from the page cache). Every
+Streaming verifies as the bytes pass: a remote shard is hashed while its tar is parsed
+(`HashedStream`), its samples held by the reader (trainer/reader.py: in memory up to a byte
+limit, then on local disk, only the members training uses) until the stream has ended and
+matched; a local shard is hashed in place and then read again (from the page cache). Every
 check covers the whole shard from its first byte, so a run that starts or stops mid-shard (a
 resume, a weighted piece) is verified too, at the cost of reading the bytes it skips.
 """
@@ -14,7 +15,6 @@ import contextlib
 import hashlib
 import lzma
 import tarfile
-import tempfile
 import zlib
 from collections.abc import Iterator
 from typing import IO, Any
@@ -25,7 +25,6 @@ from core.storage import protocol_of, storage_errors, with_retries
 
 RETRIES = 2  # downloads again after a mismatch (the bytes may have been damaged in transit)
 CHUNK = 8 << 20
-SPOOL_BYTES = 256 << 20  # a streamed shard kept in memory up to this size; larger spill to disk
 
 
 class ShardCorrupt(RuntimeError):
@@ -68,29 +67,50 @@ def download_hashed(url: str, dst: IO[bytes], storage_options: dict[str, Any]) -
 def open_verified(
     url: str, sha256: str | None, size: int | None, storage_options: dict[str, Any]
 ) -> Iterator[IO[bytes]]:
-    """The shard opened for reading, once its bytes match the manifest; ShardCorrupt when
-    they do not (a remote one after RETRIES more downloads, as the cache does)."""
-    if protocol_of(url) == "file":
-        with open(url.removeprefix("file://"), "rb") as f:
-            problem = mismatch(sha256, size, *copy_hashed(f, None))
-            if problem:
-                raise ShardCorrupt(f"{url}: {problem}")
-            f.seek(0)
-            yield f
+    """A local shard opened for reading, once its bytes match the manifest (ShardCorrupt when
+    they do not); a remote one opened as a `HashedStream` (call its `check` at the end)."""
+    if protocol_of(url) != "file":
+        with fsspec.open(url, "rb", **storage_options) as raw:
+            yield HashedStream(raw, url, sha256, size)
         return
-    problem = None
-    for _ in range(RETRIES + 1):
-        with tempfile.SpooledTemporaryFile(SPOOL_BYTES, prefix="mmcurate-shard-") as spool:
-            problem = mismatch(sha256, size, *download_hashed(url, spool, storage_options))
-            if problem is None:
-                spool.seek(0)
-                yield spool
-                return
-    raise ShardCorrupt(f"{url}: {problem} (downloaded {RETRIES + 1} times)")
+    with open(url.removeprefix("file://"), "rb") as f:
+        problem = mismatch(sha256, size, *copy_hashed(f, None))
+        if problem:
+            raise ShardCorrupt(f"{url}: {problem}")
+        f.seek(0)
+        yield f
+
+
+class HashedStream:
+    """A shard's byte stream that hashes and counts what is read through it; `check` reads
+    the rest and raises ShardCorrupt when the whole is not the manifest's shard. Reading past
+    the manifest's size fails at once (no point parsing bytes that cannot match)."""
+
+    def __init__(self, raw: IO[bytes], url: str, sha256: str | None, size: int | None) -> None:
+        self.raw, self.url, self.sha256, self.size = raw, url, sha256, size
+        self.digest, self.length = hashlib.sha256(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.digest.update(data)
+        self.length += len(data)
+        if self.size is not None and self.length > self.size:
+            raise ShardCorrupt(f"{self.url}: over {self.size} bytes, the manifest's size")
+        return data
+
+    def check(self) -> None:
+        while self.read(CHUNK):
+            pass
+        problem = mismatch(self.sha256, self.size, self.digest.hexdigest(), self.length)
+        if problem:
+            raise ShardCorrupt(f"{self.url}: {problem}")
 
 
 def read_errors() -> tuple[type[BaseException], ...]:
     """What reading a shard may raise when the shard, not the code, is at fault: a mismatch,
     storage errors (gone, denied, connection), and a damaged tar (or a compressed one)."""
-    damaged = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, UnicodeDecodeError)
-    return (ShardCorrupt, *storage_errors(), *damaged)
+    return (ShardCorrupt, *storage_errors(), *DAMAGED_TAR)
+
+
+# What parsing a damaged tar (or a compressed one) raises
+DAMAGED_TAR = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, UnicodeDecodeError)

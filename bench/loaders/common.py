@@ -233,10 +233,11 @@ def measure(args, make_loader, set_epoch=None, convert_s=None, packages=()) -> d
 
 # How much the machine's speed may move across a demand phase before the phase is redone.
 # On a shared 2-vCPU machine the same loader's CPU time per batch moves 93-176 ms between
-# 25-batch windows with nothing else running (BENCHMARKS.md), so a demand set from a fast
-# moment can be more than 90% of what the machine gives while the phase is timed (or, set
-# from a slow one, less). Speed is read two ways: the top rate measured again right after
-# the phase, and the CPU time per batch (this process and its workers) during it.
+# 25-batch windows with nothing else running (docs/benchmarks/loader.md, "The wait at 90%
+# demand and the machine's speed"), so a demand set from a fast moment can be more than 90%
+# of what the machine gives while the phase is timed (or, set from a slow one, less). Speed
+# is read two ways: the top rate measured again right after the phase, and the CPU time per
+# batch (this process and its workers) during it.
 DRIFT = 0.05
 
 

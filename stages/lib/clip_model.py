@@ -12,18 +12,16 @@ seeded, so every worker holds the same model. `hf-hub:org/name` model names work
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from core.config_io import ConfigError
 from core.formats import CHECKPOINT_FORMAT
-from stages.lib.pixels import DECODE_ERRORS, to_rgb, upright
+from stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, upright
 
 
 def resolve_device(device: str) -> str:
@@ -160,7 +158,7 @@ def prepare_images(
     reasons: list[str | None] = []
     for data in images:
         try:
-            with Image.open(io.BytesIO(data)) as image:
+            with open_image(data) as image:  # bytes, or a spilled file by its path
                 image.draft("RGB", (side, side))
                 picture = to_rgb(upright(image))
                 pixels.append(np.asarray(pil_transform(picture), np.uint8))

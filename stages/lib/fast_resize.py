@@ -1,7 +1,7 @@
 """Shrinking an RGB image with SIMD convolutions (fast_image_resize, via `cykooz.resizer`).
 
 Pillow's resample has no SIMD in its wheels: shrinking a photo to 256 px costs it about 1.1 ms
-here, against 0.35-0.45 ms for fast_image_resize's AVX2 kernels (BENCHMARKS.md, issue 23). Only
+here, against 0.35-0.45 ms for fast_image_resize's AVX2 kernels (docs/benchmarks/ingest.md). Only
 the box (`area`) and bilinear filters take this path: there the two agree within a level or two
 (a box edge may fall one pixel over). Their bicubic and Lanczos kernels differ from Pillow's by
 tens of levels at sharp edges, so those stay on Pillow, as does any mode other than RGB.

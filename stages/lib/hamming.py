@@ -13,7 +13,8 @@ then verified by popcount. Two ways to choose the masks:
 
 Each pair is reported by one table only: the first, in plan order, whose mask it agrees on
 (`first_found_here`), so the result does not depend on how tables are split into tasks.
-`plan_tables` picks between the two with a cost model measured on this kernel (BENCHMARKS.md):
+`plan_tables` picks between the two with a cost model measured on this kernel
+(docs/benchmarks/dedupe.md, "Scaling: 1M, 4M and 10M synthetic signatures"):
 per table a pass over n hashes plus the expected random candidates n^2 / 2^(bits+1).
 """
 

@@ -12,12 +12,11 @@ better than with the whole frame) and the 32x32 grey thumbnail the hash was comp
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 from PIL import Image
 
-from stages.lib.pixels import to_grey, upright
+from core.spill import Spilled
+from stages.lib.pixels import open_image, to_grey, upright
 
 PHASH_SIDE = 32
 LOW = 8
@@ -43,16 +42,16 @@ def bits_to_int(bits: np.ndarray) -> int:
     return int(np.bitwise_or.reduce(_WEIGHTS[bits.reshape(-1)], initial=np.uint64(0)))
 
 
-def grey(data: bytes, side: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
+def grey(data: bytes | Spilled, side: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode (JPEG in draft mode: DCT scaling makes this several times faster for big photos)
     straight to grey, box-filtered to `side`; returns pixels and the full image size."""
     image, size = grey_image(data, side)
     return np.asarray(image.resize(side, Image.Resampling.BOX), dtype=np.float64), size
 
 
-def grey_image(data: bytes, side: tuple[int, int]) -> tuple[Image.Image, tuple[int, int]]:
+def grey_image(data: bytes | Spilled, side: tuple[int, int]) -> tuple[Image.Image, tuple[int, int]]:
     """The decoded grey image, at least 4 x `side` where the file is that big."""
-    image = Image.open(io.BytesIO(data))
+    image = open_image(data)
     size = image.size
     image.draft("L", (side[0] * 4, side[1] * 4))
     image = upright(image)
@@ -78,7 +77,7 @@ def dhash_pixels(pixels: np.ndarray) -> int:
     return bits_to_int(pixels[:, :-1] > pixels[:, 1:])
 
 
-def image_hash(data: bytes, kind: str = "phash") -> tuple[int, tuple[int, int]]:
+def image_hash(data: bytes | Spilled, kind: str = "phash") -> tuple[int, tuple[int, int]]:
     """(hash, (width, height)) of encoded image bytes; raises on undecodable data."""
     if kind == "phash":
         pixels, size = grey(data, (PHASH_SIDE, PHASH_SIDE))
@@ -90,7 +89,7 @@ def image_hash(data: bytes, kind: str = "phash") -> tuple[int, tuple[int, int]]:
 
 
 def image_signals(
-    data: bytes, kind: str = "phash"
+    data: bytes | Spilled, kind: str = "phash"
 ) -> tuple[int, list[int], bytes, tuple[int, int]]:
     """(hash, [hash of each inset window], 32x32 grey thumbnail bytes, (width, height)).
     The hash is exactly `image_hash`'s; raises on undecodable data."""

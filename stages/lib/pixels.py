@@ -11,12 +11,33 @@ exact_dedupe of pixels, the perceptual hashes, the CLIP model's input).
 
 from __future__ import annotations
 
+import io
+from typing import Any
+
 import numpy as np
 from PIL import Image
 
 from core.image_errors import PIL_DECODE_ERRORS
+from core.spill import Spilled
 
 DECODE_ERRORS = PIL_DECODE_ERRORS  # a per-sample `decode_error`, never a failed task
+# A spilled image (a file above source.spill_bytes, core/spill.py) is decoded from disk, never
+# read whole; above this size it is dropped as `too_big` unopened (no real photo is that big).
+SPILLED_IMAGE_MAX = 1 << 30
+# A stage that must hold the encoded bytes (clip_score: they may go to an actor) reads a
+# spilled image whole only up to this size; larger ones are `too_big`.
+READ_IMAGE_MAX = 256 << 20
+
+
+def open_image(value: bytes | Spilled) -> Image.Image:
+    """A PIL image over bytes or a spilled file (by path: Pillow reads what it decodes)."""
+    return Image.open(value.path if isinstance(value, Spilled) else io.BytesIO(value))
+
+
+def too_big(value: Any, limit: int = SPILLED_IMAGE_MAX) -> bool:
+    """Whether a media value is a spilled file larger than `limit` bytes."""
+    return isinstance(value, Spilled) and value.size > limit
+
 
 EXIF_ORIENTATION = 0x0112
 TRANSPOSE = {  # EXIF orientation -> the transpose that makes the image upright

@@ -9,8 +9,9 @@ contrast drop out), by mean squared difference.
 
 `mismatch` is that difference over the image's own one-pixel-shift difference (the larger of
 the two images'): 0 for the same pixels, about 1 for unrelated pictures whatever their texture.
-Measured on the bench's photos (BENCHMARKS.md): injected near-duplicates, crops included, stay
-below 0.31; distinct views of one scene that pHash calls close start at 0.55.
+Measured on the bench's photos (docs/benchmarks/dedupe.md, "Hybrid near_dedupe on larger
+photos"): injected near-duplicates, crops included, stay at or below 0.301; distinct views of
+one scene that pHash calls close start at 0.51.
 """
 
 from __future__ import annotations

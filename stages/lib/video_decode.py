@@ -1,5 +1,6 @@
-"""Sample frames from video bytes: decord first, PyAV when decord cannot open the file or
-the video has a display rotation (decord garbles those; PyAV frames are turned upright).
+"""Sample frames from a video (bytes, or a Spilled file opened by its path, never read whole):
+decord first, PyAV when decord cannot open the file or the video has a display rotation
+(decord garbles those; PyAV frames are turned upright).
 
 Pure functions (run inside the isolated decoder process, `stages.lib.isolation`). Frame choice:
 - uniform: `num_frames` frames, frame i at the middle of the i-th of num_frames equal spans
@@ -14,19 +15,24 @@ file whose frames are mostly unrecoverable raises instead of silently repeating 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from core.spill import Media
+from stages.lib.video_probe import (  # noqa: F401  (display_rotation: imported from here)
+    NoVideoStream,
+    display_rotation,
+    may_be_rotated,
+    media_source,
+    refuse_images,
+)
+
 FAULT_TOLERANCE = 0.05  # more than 5% recovered (repeated) frames is an error
 MAX_FRAMES = 999  # frame columns are 000.jpg .. 998.jpg; longer plans are thinned evenly
 CHUNK = 32  # frames decoded (and held at full size) at a time
-
-
-class NoVideoStream(Exception):
-    pass
 
 
 class NoFrames(Exception):
@@ -113,97 +119,20 @@ def centre_square(width: int, height: int) -> tuple[int, int, int, int]:
     return left, top, left + side, top + side
 
 
-def sample_video(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
+def sample_video(value: Media, opts: dict[str, Any]) -> dict[str, Any]:
     """{frames: [jpeg], indices, timestamps, fps, frame_count, width, height, decoder}. Frames
-    are JPEG-encoded as they are decoded, so a long fps-mode plan never sits in memory whole."""
-    refuse_images(data)
-    if may_be_rotated(data) and display_rotation(data):  # decord garbles these (4 channels)
-        return with_pyav(data, opts)
+    are JPEG-encoded as they are decoded, so a long fps-mode plan never sits in memory whole.
+    A Spilled file is read by path as the decoders go, never whole."""
+    refuse_images(value)
+    if may_be_rotated(value) and display_rotation(value):  # decord garbles these (4 channels)
+        return with_pyav(value, opts)
     try:
-        decoded = with_decord(data, opts)
+        decoded = with_decord(value, opts)
     except (NoFrames, NoVideoStream):
         raise
     except Exception:  # noqa: BLE001  (decord raises its own and generic errors; try PyAV)
-        decoded = with_pyav(data, opts)
+        decoded = with_pyav(value, opts)
     return decoded
-
-
-# An MP4/MOV track header's matrix when the track is shown as stored (16.16 and 2.30 fixed)
-IDENTITY = bytes.fromhex("00010000" + "00000000" * 3 + "00010000" + "00000000" * 3 + "40000000")
-ISO_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip")
-EBML_MAGIC = b"\x1a\x45\xdf\xa3"
-PROJECTION_POSE_ROLL = b"\x76\x75"  # Matroska's element for a rotated picture
-MATROSKA_CLUSTER = b"\x1f\x43\xb6\x75"  # the media starts here
-
-
-def refuse_images(data: bytes) -> None:
-    """NoVideoStream for a still image under a video's name (a JPEG saved as .mp4): FFmpeg
-    opens it as a one-frame video, and the build kept a `.mp4` member holding a JPEG."""
-    from stages.lib.http_fetch import sniff  # the image signatures downloads check
-
-    if sniff(data[:16]) is not None:
-        raise NoVideoStream("an image, not a video")
-
-
-def may_be_rotated(data: bytes) -> bool:
-    """A screen that spares most videos the decode `display_rotation` needs: False only where
-    no rotation can be recorded: an MP4/MOV whose every track header (`moov/trak/tkhd`, found
-    by walking the boxes, never scanning the media) holds the identity matrix, a
-    Matroska/WebM without the element that records a roll. Anything unclear says True."""
-    if data[4:8] in ISO_BOXES:
-        headers = list(track_headers(data))
-        return not headers or any(not identity_matrix(data, at) for at in headers)
-    if data.startswith(EBML_MAGIC):  # the track headers come before the first cluster
-        first_cluster = data.find(MATROSKA_CLUSTER, 0, 1 << 20)
-        return PROJECTION_POSE_ROLL in data[: first_cluster if first_cluster > 0 else 1 << 20]
-    return True
-
-
-def iso_boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
-    """(type, payload start, end) of the ISO BMFF boxes between `start` and `end`."""
-    at = start
-    while at + 8 <= end:
-        size, kind, header = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8], 8
-        if size == 1:  # a 64-bit size follows
-            size, header = int.from_bytes(data[at + 8 : at + 16], "big"), 16
-        elif size == 0:  # to the end
-            size = end - at
-        if size < header:
-            return
-        yield kind, at + header, min(at + size, end)
-        at += size
-
-
-def track_headers(data: bytes) -> Iterator[int]:
-    """Where each `moov/trak/tkhd` payload starts."""
-    for kind, start, end in iso_boxes(data, 0, len(data)):
-        if kind != b"moov":
-            continue
-        for trak, t_start, t_end in iso_boxes(data, start, end):
-            if trak == b"trak":
-                yield from (s for k, s, _ in iso_boxes(data, t_start, t_end) if k == b"tkhd")
-
-
-def identity_matrix(data: bytes, at: int) -> bool:
-    """Whether the tkhd payload at `at` shows its track as stored."""
-    times = 32 if data[at : at + 1] == b"\x01" else 20  # version 1: 64-bit times
-    start = at + 4 + times + 16  # version/flags, times, reserved, layer, group, volume
-    return data[start : start + 36] == IDENTITY
-
-
-def display_rotation(data: bytes) -> int:
-    """The first frame's display rotation in degrees (0 for none, or when PyAV cannot read
-    the file: then decord, and PyAV after it, report the error)."""
-    import av
-
-    try:
-        with av.open(io.BytesIO(data)) as box:
-            if not box.streams.video:
-                return 0
-            frame = next(box.decode(box.streams.video[0]), None)
-    except av.error.FFmpegError:
-        return 0
-    return int(round(getattr(frame, "rotation", 0) or 0)) % 360 if frame is not None else 0
 
 
 def jpeg_encoder(opts: dict[str, Any]) -> Callable[[np.ndarray], bytes]:
@@ -211,13 +140,13 @@ def jpeg_encoder(opts: dict[str, Any]) -> Callable[[np.ndarray], bytes]:
 
 
 def with_decord(
-    data: bytes, opts: dict[str, Any], encode: Callable[[np.ndarray], Any] | None = None
+    value: Media, opts: dict[str, Any], encode: Callable[[np.ndarray], Any] | None = None
 ) -> dict[str, Any]:
     """decord: planned frames, CHUNK at a time, each passed through `encode` (JPEG)."""
     import decord
 
     encode = encode or jpeg_encoder(opts)
-    reader = decord.VideoReader(io.BytesIO(data), num_threads=1, fault_tol=FAULT_TOLERANCE)
+    reader = decord.VideoReader(media_source(value), num_threads=1, fault_tol=FAULT_TOLERANCE)
     count, fps = len(reader), float(reader.get_avg_fps())
     if count == 0:
         raise NoFrames("no frames")
@@ -245,16 +174,16 @@ def with_decord(
     }
 
 
-def with_pyav(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
+def with_pyav(value: Media, opts: dict[str, Any]) -> dict[str, Any]:
     """Fallback: count the video packets, then decode once, keeping the planned frames
     (turned upright by their display rotation)."""
     import av
 
-    count, fps, stamps, keys = count_packets(data)
+    count, fps, stamps, keys = count_packets(value)
     plan = (opts["mode"], count, fps, opts["num_frames"], opts["fps"], keys, stamps)
     indices = plan_indices(*plan)
     wanted, pixels, times, size = set(indices), [], [], (0, 0)
-    with av.open(io.BytesIO(data)) as box:
+    with av.open(media_source(value)) as box:
         stream = box.streams.video[0]
         for number, frame in enumerate(box.decode(stream)):
             if number in wanted:
@@ -278,13 +207,13 @@ def with_pyav(data: bytes, opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def count_packets(data: bytes) -> tuple[int, float, list[float] | None, list[int]]:
+def count_packets(value: Media) -> tuple[int, float, list[float] | None, list[int]]:
     """(frames, average fps, each frame's time or None, keyframe numbers) from the packets,
     without decoding. Packets come in decode order; sorted by pts they are in presentation
     order, the order decoded frames (and their numbers) come in."""
     import av
 
-    with av.open(io.BytesIO(data)) as box:
+    with av.open(media_source(value)) as box:
         if not box.streams.video:
             raise NoVideoStream("no video stream")
         stream = box.streams.video[0]

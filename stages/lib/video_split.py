@@ -3,22 +3,30 @@
 Boundaries: `fixed` windows of `window_s` every `stride_s`; or `scenes`: hard cuts where the
 mean absolute difference of consecutive analysed frames (grey, 32x32, `analysis_fps` frames a
 second) exceeds `threshold` (0-255). Clips shorter than `min_clip_s` are left out. A clip that
-is the whole video keeps the source bytes; any other is re-encoded with PyAV (H.264 in mp4,
+is the whole video keeps the source value; any other is re-encoded with PyAV (H.264 in mp4,
 same size and frame rate, video only, upright). Times are the frames' own timestamps, so a
 variable-frame-rate video is cut where its frames are shown.
+
+The source is bytes or a Spilled file (read by path as it is decoded, never whole). Given a
+`prefix` (a folder and a name start), each clip is encoded straight into its own file
+`<prefix>-<n>.mp4` and comes back as a Spilled value, so no clip is ever held in memory;
+without one (direct calls) clips come back as bytes.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import os
+import shutil
 from fractions import Fraction
 from typing import Any, NamedTuple
 
 import av
 import numpy as np
 
-from stages.lib.video_decode import NoFrames, NoVideoStream, refuse_images, upright
+from core.spill import Media, Spilled
+from stages.lib.video_decode import NoFrames, NoVideoStream, media_source, refuse_images, upright
 
 
 def fixed_bounds(duration: float, window: float, stride: float) -> list[tuple[float, float]]:
@@ -52,11 +60,11 @@ class Scan(NamedTuple):
     small: list[tuple[float, np.ndarray]]  # (time, grey 32x32) of the analysed frames
 
 
-def scan(data: bytes, analysis_fps: float | None) -> Scan:
+def scan(value: Media, analysis_fps: float | None) -> Scan:
     """Pass 1, streaming: frame count, times, size, and (for scene cuts) small grey copies of
     frames `analysis_fps` a second, chosen by their timestamps (variable frame rates too)."""
-    refuse_images(data)
-    with av.open(io.BytesIO(data)) as box:
+    refuse_images(value)
+    with av.open(media_source(value)) as box:
         if not box.streams.video:
             raise NoVideoStream("no video stream")
         stream = box.streams.video[0]
@@ -102,10 +110,13 @@ def grey_small(pixels: np.ndarray) -> np.ndarray:
     return np.asarray(Image.fromarray(pixels).convert("L").resize((32, 32), Image.Resampling.BOX))
 
 
-def split_video(data: bytes, opts: dict[str, Any]) -> list[dict[str, Any]]:
-    """[{start, end, data (None: the whole source)}] for the clips of one video."""
+def split_video(
+    value: Media, opts: dict[str, Any], prefix: str | None = None
+) -> list[dict[str, Any]]:
+    """[{start, end, data (None: the whole source)}] for the clips of one video; `data` is a
+    Spilled file `<prefix>-<n>.mp4` when a prefix is given, else bytes."""
     scenes = opts["mode"] == "scenes"
-    found = scan(data, opts["analysis_fps"] if scenes else None)
+    found = scan(value, opts["analysis_fps"] if scenes else None)
     duration = end_time(found.times, found.fps)
     if scenes:
         small = found.small
@@ -118,32 +129,60 @@ def split_video(data: bytes, opts: dict[str, Any]) -> list[dict[str, Any]]:
     spans = [frame_span(found.times, a, b) for a, b in bounds]
     kept = [(bound, span) for bound, span in zip(bounds, spans, strict=True) if span[1] > span[0]]
     whole = (0, found.count)
-    encoded = encode_clips(data, [span for _, span in kept], found, skip=whole)
-    return [
-        {"start": a, "end": b, "data": None if span == whole else encoded[span]}
-        for (a, b), span in kept
-        if span == whole or span in encoded
-    ]
+    targets = ClipTargets(prefix)
+    encoded = encode_clips(value, [span for _, span in kept], found, whole, targets)
+    clips, given = [], set()
+    for (a, b), span in kept:
+        if span == whole or span in encoded:
+            data = None if span == whole else encoded[span]
+            if span in given and isinstance(data, Spilled):  # each clip owns its own file
+                data = targets.copy(data)
+            given.add(span)
+            clips.append({"start": a, "end": b, "data": data})
+    return clips
+
+
+class ClipTargets:
+    """Where clips are encoded: new files `<prefix>-<n>.mp4` (one prefix per call, so the
+    caller finds and removes a killed call's files), or memory when there is no prefix."""
+
+    def __init__(self, prefix: str | None) -> None:
+        self.prefix, self.count = prefix, 0
+
+    def writer(self, found: Scan) -> ClipWriter:
+        return ClipWriter(found.fps, found.size, found.rotation, self.next_path())
+
+    def next_path(self) -> str | None:
+        if self.prefix is None:
+            return None
+        self.count += 1
+        return f"{self.prefix}-{self.count - 1:05d}.mp4"
+
+    def copy(self, clip: Spilled) -> Spilled:
+        """A second file with the same clip (two windows that hold the same frames)."""
+        path = self.next_path()
+        shutil.copyfile(clip.path, path)
+        return Spilled(path, clip.size)
 
 
 def encode_clips(
-    data: bytes, spans: list[tuple[int, int]], found: Scan, skip: tuple
-) -> dict[tuple[int, int], bytes]:
+    value: Media, spans: list[tuple[int, int]], found: Scan, skip: tuple, targets: ClipTargets
+) -> dict[tuple[int, int], Media]:
     """Pass 2, streaming: every frame goes to the encoders of the clips that contain it, so
     memory holds encoders, not frames. The span `skip` (the whole video) is not re-encoded."""
     todo = sorted(set(spans) - {skip})
     writers: dict[tuple[int, int], ClipWriter] = {}
-    done: dict[tuple[int, int], bytes] = {}
+    done: dict[tuple[int, int], Media] = {}
     if not todo:
         return done
-    with av.open(io.BytesIO(data)) as box:
+    with av.open(media_source(value)) as box:
         stream = box.streams.video[0]
         stream.codec_context.thread_count = 1
         for number, frame in enumerate(box.decode(stream)):
             for span in todo:
                 if span[0] <= number < span[1]:
                     if span not in writers:
-                        writers[span] = ClipWriter(found.fps, found.size, found.rotation)
+                        writers[span] = targets.writer(found)
                     writers[span].add(frame)
                     if number == span[1] - 1:
                         done[span] = writers.pop(span).close()
@@ -155,13 +194,16 @@ def encode_clips(
 
 
 class ClipWriter:
-    """An H.264 mp4 encoder in memory, at the source's frame rate. Frames are stored upright
-    (the source's display rotation applied; the clip has none). yuv420p needs even sides: an
-    odd last row or column is cropped off, and a side of 1 pixel is doubled to 2."""
+    """An H.264 mp4 encoder, at the source's frame rate, into the file `path` (else memory).
+    Frames are stored upright (the source's display rotation applied; the clip has none).
+    yuv420p needs even sides: an odd last row or column is cropped off, and a side of 1 pixel
+    is doubled to 2."""
 
-    def __init__(self, fps: float, size: tuple[int, int], rotation: int = 0) -> None:
-        self.out = io.BytesIO()
-        self.box = av.open(self.out, "w", format="mp4")
+    def __init__(
+        self, fps: float, size: tuple[int, int], rotation: int = 0, path: str | None = None
+    ) -> None:
+        self.path, self.out = path, io.BytesIO()
+        self.box = av.open(path if path is not None else self.out, "w", format="mp4")
         self.stream = self.box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         self.rotation = rotation
         width, height = size[::-1] if rotation % 180 == 90 else size
@@ -177,11 +219,13 @@ class ClipWriter:
         for packet in self.stream.encode(image):
             self.box.mux(packet)
 
-    def close(self) -> bytes:
+    def close(self) -> Media:
         for packet in self.stream.encode():
             self.box.mux(packet)
         self.box.close()
-        return self.out.getvalue()
+        if self.path is None:
+            return self.out.getvalue()
+        return Spilled(self.path, os.path.getsize(self.path))
 
 
 def even_side(side: int) -> int:

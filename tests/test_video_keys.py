@@ -1,0 +1,84 @@
+"""Video keys stay unique once clip_split numbers clips (`<key>_0000`): a file `a_0001.mp4`
+beside `a.mp4` gets its whole-path key when planned, the same for every partitioning."""
+
+import json
+from collections import Counter
+
+import pyarrow.parquet as pq
+
+from core.tario import iter_tar_samples, safe_key
+from pipeline.build import run_build
+from pipeline.config import BuildConfig, SourceConfig
+from pipeline.sources import plan_images, plan_videos
+from pipeline.video_data import encode_video
+
+NAMES = {  # file -> frames at 24 fps
+    "a.mp4": 48,  # two 1 s clips: a_0000, a_0001
+    "a_0001.mp4": 6,  # 0.25 s: no clip (dropped, it keeps its source key)
+    "a_0000.mp4": 48,  # two clips of its own
+    "a_0000_0001.mp4": 24,  # a clip key of clip_split listed twice
+    "b_0001.mp4": 24,  # no video `b`: its key stays
+}
+
+
+def video_folder(root):
+    root.mkdir()
+    for name, frames in NAMES.items():
+        (root / name).write_bytes(encode_video(frames, 24))
+        (root / name.replace(".mp4", ".txt")).write_text(f"the video {name}")
+    return root
+
+
+def planned_keys(path: str, files_per_task: int) -> dict[str, str]:
+    cfg = SourceConfig.model_validate(
+        {"kind": "videos", "path": path, "files_per_task": files_per_task}
+    )
+    return {e["rel"]: e["key"] for part in plan_videos(cfg, {}) for e in part["entries"]}
+
+
+def test_a_key_clip_split_could_make_is_replaced_by_its_whole_path_key(tmp_path):
+    folder = video_folder(tmp_path / "in")
+    keys = planned_keys(str(folder), 2)
+    assert keys == {
+        "a.mp4": "a",
+        "a_0001.mp4": safe_key("a_0001.mp4"),
+        "a_0000.mp4": safe_key("a_0000.mp4"),
+        "a_0000_0001.mp4": safe_key("a_0000_0001.mp4"),
+        "b_0001.mp4": "b_0001",
+    }
+    assert all(planned_keys(str(folder), n) == keys for n in (1, 3, 100))
+    assert planned_keys(str(folder / "*.mp4"), 1) == keys  # the glob planner too
+
+
+def test_images_named_like_clips_keep_their_keys(tmp_path):
+    (tmp_path / "in").mkdir()
+    for name in ("a.jpg", "a_0001.jpg"):
+        (tmp_path / "in" / name).write_bytes(b"not decoded when planning")
+    cfg = SourceConfig.model_validate({"kind": "images", "path": str(tmp_path / "in")})
+    keys = [e["key"] for part in plan_images(cfg, {}) for e in part["entries"]]
+    assert keys == ["a", "a_0001"]
+
+
+def test_clips_and_dropped_videos_never_share_a_key(ray_session, tmp_path):
+    folder = video_folder(tmp_path / "in")
+    cfg = BuildConfig.model_validate(
+        {
+            "source": {"kind": "videos", "path": str(folder), "files_per_task": 2},
+            "stages": [{"name": "clip_split", "mode": "fixed", "window_s": 1.0, "min_clip_s": 0.5}],
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    manifest = run_build(cfg, progress=False)
+    written = []
+    for shard in manifest["shards"]:
+        with open(tmp_path / "out" / shard["name"], "rb") as f:
+            written += [sample["__key__"] for sample in iter_tar_samples(f)]
+    rows = pq.read_table(tmp_path / "out" / "signatures").to_pylist()
+    assert [k for k, n in Counter(r["key"] for r in rows).items() if n > 1] == []
+    twice, twice_nested = safe_key("a_0000.mp4"), safe_key("a_0000_0001.mp4")
+    clips = ["a_0000", "a_0001", f"{twice}_0000", f"{twice}_0001", f"{twice_nested}_0000"]
+    assert sorted(written) == sorted([*clips, "b_0001_0000"])
+    dropped = {r["key"]: r["drop_reason"] for r in rows if r["drop_reason"]}
+    assert dropped == {safe_key("a_0001.mp4"): "no_clips"}
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["stages"][1]["dropped"] == {"no_clips": 1}
