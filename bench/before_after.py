@@ -48,7 +48,7 @@ WORKLOADS = {
 
 def run_build(tree: Path, config: dict, out: Path) -> tuple[float, int]:
     """One build with `tree`'s packages first on the path; (wall seconds, peak tree PSS)."""
-    from pipeline.objectstore import loopback_only_env
+    from pipeline.runtime.loopback import loopback_only_env
 
     shutil.rmtree(out, ignore_errors=True)
     path = out.parent / f"{out.name}.yaml"
@@ -78,7 +78,7 @@ def run_build(tree: Path, config: dict, out: Path) -> tuple[float, int]:
 
 def run_loader(tree: Path, root: Path, batches: int) -> float:
     """`tree`'s own loader runner over the folder build's shards; samples per second."""
-    from pipeline.objectstore import loopback_only_env
+    from pipeline.runtime.loopback import loopback_only_env
 
     work = root / "loader-work"
     shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The bucketed loader (trainer/buckets.py) against the plain webdataset bucket loop of
+"""The bucketed loader (trainer/data/buckets.py) against the plain webdataset bucket loop of
 docs/recipes.md (kohya-style per-bucket lists), on the same aspect_buckets build of real
 photos, one process each (no loader workers, one decode thread), the same decoder
 (torchvision's libjpeg-turbo), interleaved rounds A, B, A, B:
@@ -27,7 +27,7 @@ from torchvision.io import ImageReadMode, decode_jpeg  # noqa: E402
 from pipeline.build import run_build  # noqa: E402
 from pipeline.config import BuildConfig  # noqa: E402
 from pipeline.demo_data import SUBJECTS, source_photo  # noqa: E402
-from trainer.buckets import bucketed_loader  # noqa: E402
+from trainer.data.buckets import bucketed_loader  # noqa: E402
 
 BUCKETS = ["256x256", "384x256", "256x384", "512x256", "320x256"]
 SHAPES = [(300, 300), (450, 300), (300, 450), (600, 300), (400, 320)]

@@ -94,7 +94,7 @@ def reference_command(folder: Path, out: Path) -> float:
 
 def mmcurate_command(folder: Path, out: Path, runtime: str) -> tuple[float, dict]:
     """`mmcurate build` as a user types it, start to exit; returns its stats.json too."""
-    from pipeline.objectstore import loopback_only_env
+    from pipeline.runtime.loopback import loopback_only_env
 
     config = out.parent / f"build-{runtime}.yaml"
     config.write_text(

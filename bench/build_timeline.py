@@ -41,13 +41,15 @@ def main() -> None:
 
     mark("config module imported")
     import pipeline.build as build
-    import pipeline.raysession as raysession
+    import pipeline.phase_c as phase_c
+    import pipeline.runtime.session as raysession
 
     mark("build imported")
     phases = ("preflight", "claim_output", "stage_sources", "phase_a", "signature_groups")
-    phases += ("decide", "phase_c", "publish", "write_report", "drop_work")
-    for name in phases:
+    for name in (*phases, "decide", "phase_c"):
         wrap(build, name)
+    for name in ("publish", "write_report", "drop_work"):
+        wrap(phase_c, name)
     wrap(raysession, "prestart")
     wrap(raysession, "shutdown")
     exit_now = os._exit

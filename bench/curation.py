@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 from bench.curation_data import Sizes, make_sets  # noqa: E402
 from bench.curation_recaption import lowest_kept_score, recaption_sets, recaptioned  # noqa: E402
-from pipeline.objectstore import loopback_only_env  # noqa: E402
+from pipeline.runtime.loopback import loopback_only_env
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs" / "curation"

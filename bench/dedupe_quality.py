@@ -46,7 +46,7 @@ from scipy.sparse.csgraph import connected_components
 from core.mapreduce import LocalRunner
 from stages.base import DROP
 from stages.lib.dedupe_common import group_decisions, keepers, priority_rank
-from stages.lib.hamming import plan_tables
+from stages.lib.hamming_plan import plan_tables
 from stages.near_dedupe import close_pairs
 from stages.registry import build_stage
 

@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from trainer.config import TrainConfig  # noqa: E402
-from trainer.distributed import Dist  # noqa: E402
-from trainer.fsdp import is_fsdp  # noqa: E402
-from trainer.probe_ladder import climb, free  # noqa: E402
+from trainer.dist.fsdp import is_fsdp  # noqa: E402
+from trainer.dist.world import Dist  # noqa: E402
+from trainer.probe.ladder import climb, free  # noqa: E402
 from trainer.step import build_parts  # noqa: E402
 
 

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from bytecode import compile_all
 from photos import make_photos
 
-from pipeline.objectstore import loopback_only_env
+from pipeline.runtime.loopback import loopback_only_env
 
 REPO = Path(__file__).resolve().parents[1]
 I2D_VENV = REPO / "bench" / ".venv-img2dataset"

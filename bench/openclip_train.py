@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.objectstore import loopback_only_env
+from pipeline.runtime.loopback import loopback_only_env
 
 # Before Ray is imported; the proxy variables only once pip is done (ensure_venv needs PyPI).
 os.environ.update(loopback_only_env(proxy=False))

@@ -2,7 +2,8 @@
 
 The same work both ways on n random 64-bit hashes: group by the masked bits of one exact table
 (radius 4) and list the pairs within the radius. Ray Data: `from_numpy` -> `groupby(key)` ->
-`map_groups` (verifies each group's pairs), counted. mmcurate: `table_pairs` as one Ray task.
+`map_groups` (verifies each group's pairs), counted. mmcurate: one table's pairs
+(`close_pairs_in_table`) as one Ray task.
 
     .venv/bin/python bench/raydata_groupby.py [--n 1000000]
 """
@@ -15,7 +16,7 @@ import os
 import platform
 import time
 
-from pipeline.objectstore import loopback_only_env
+from pipeline.runtime.loopback import loopback_only_env
 
 # Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
 os.environ.update(loopback_only_env())
@@ -25,7 +26,8 @@ import pyarrow as pa  # noqa: E402
 import ray  # noqa: E402
 
 from core.mapreduce import RayRunner  # noqa: E402
-from stages.lib.hamming import exact_masks, table_pairs  # noqa: E402
+from stages.lib.hamming import close_pairs_in_table  # noqa: E402
+from stages.lib.hamming_plan import exact_masks  # noqa: E402
 
 
 def group_pairs(group: dict) -> dict:
@@ -33,6 +35,11 @@ def group_pairs(group: dict) -> dict:
     a, b = np.triu_indices(len(hashes), 1)
     close = np.bitwise_count(hashes[a] ^ hashes[b]) <= 4
     return {"a": ids[a[close]], "b": ids[b[close]]}
+
+
+def table_pairs(hashes: np.ndarray, mask: int, radius: int) -> tuple[np.ndarray, np.ndarray]:
+    """One table's verified pairs, as a Ray task body."""
+    return close_pairs_in_table(hashes, mask, radius)
 
 
 def main() -> None:
@@ -46,7 +53,7 @@ def main() -> None:
     hashes[1::100] = hashes[::100][: len(hashes[1::100])] ^ np.uint64(12)
     mask = exact_masks(4, 6)[0]
     started = time.perf_counter()
-    ours = RayRunner().run(table_pairs, [(mask, 4, ray.put(hashes))])[0]
+    ours = RayRunner().run(table_pairs, [(ray.put(hashes), mask, 4)])[0]
     ours_s = time.perf_counter() - started
     started = time.perf_counter()
     keys = hashes & np.uint64(mask)

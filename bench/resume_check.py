@@ -23,7 +23,8 @@ import numpy as np
 import yaml
 
 from core.tario import write_tar
-from pipeline.objectstore import LocalS3, loopback_only_env
+from pipeline.runtime.loopback import loopback_only_env
+from pipeline.runtime.objectstore import LocalS3
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from memwatch import PeakMemory, tree  # noqa: E402
 
-from core.storage import write_parquet  # noqa: E402
+from core.atomic import write_parquet  # noqa: E402
 
 ROWS_PER_PART = 1000
 STAGES = [
@@ -141,12 +141,12 @@ def phases(work: Path, stages_cfg: list[dict], publish_output: bool) -> dict:
     import ray
 
     from core.mapreduce import RayRunner
-    from pipeline.decide import decide
-    from pipeline.groups import Groups, plan_groups, scan_partitions
-    from pipeline.layout import kept_starts, kept_tables, plan_layout
-    from pipeline.objectstore import loopback_only_env
-    from pipeline.publish import Publication, publish
-    from pipeline.stats import build_stats, merge_counts, timing_columns
+    from pipeline.decide.phase_b import decide
+    from pipeline.output.groups import Groups, plan_groups, scan_partitions
+    from pipeline.output.layout import kept_starts, kept_tables, plan_layout
+    from pipeline.output.publish import Publication, publish
+    from pipeline.output.stats import build_stats, merge_counts, timing_columns
+    from pipeline.runtime.loopback import loopback_only_env
     from stages.registry import build_stages
 
     os.environ.update(loopback_only_env())
@@ -231,8 +231,8 @@ def check(n: int, work: Path) -> None:
     import pyarrow.parquet as pq
 
     from core.mapreduce import LocalRunner
-    from pipeline.decide import decide
-    from pipeline.groups import Groups, plan_groups, read_fate, scan_partitions
+    from pipeline.decide.phase_b import decide
+    from pipeline.output.groups import Groups, plan_groups, read_fate, scan_partitions
     from stages.registry import build_stages
     from tests.test_decide import oracle  # the phase B before issue 19, kept as the oracle
 

@@ -4,7 +4,7 @@ fsspec filesystem (`countfile://`: the local filesystem with every byte read tal
 
 Before (the reader up to issue 19): every partition read the whole file and sliced its rows;
 measured on `--sample` partitions and extrapolated to all of them (the output says so).
-After: planning, then staging where planned (pipeline/source_staging.py, as a build does once
+After: planning, then staging where planned (pipeline/sources/staging.py, as a build does once
 its output is claimed), then every partition's `read_urls` (samples with their json), and the
 same partitions' arrow reads alone (`part_table`, no json: comparable with the whole-file
 read). `unstaged`: the sample partitions read without the staged copy (a build whose driver
@@ -28,10 +28,10 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.config import SourceConfig
-from pipeline.samples import append_sample, empty_batch
-from pipeline.source_staging import stage_sources
-from pipeline.source_synth import laion_like_table, write_csv_list, write_parquet_list
-from pipeline.source_urls import part_table, plan_urls, read_table, read_urls, url_sample
+from pipeline.sources.samples import append_sample, empty_batch
+from pipeline.sources.staging import stage_sources
+from pipeline.sources.synth import laion_like_table, write_csv_list, write_parquet_list
+from pipeline.sources.urls import part_table, plan_urls, read_table, read_urls, url_sample
 
 READ = {"bytes": 0, "calls": 0}
 

@@ -19,7 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.objectstore import LocalS3, loopback_only_env
+from pipeline.runtime.loopback import loopback_only_env
+from pipeline.runtime.objectstore import LocalS3
 
 # Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
 os.environ.update(loopback_only_env())

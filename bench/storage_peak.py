@@ -2,7 +2,7 @@
 against the final output. A build of N distinct images plus copies (exact_dedupe drops them;
 copies sit in other partitions), on local disk and on SeaweedFS S3; a thread lists the output
 folder over and over and keeps the largest total (a lower bound of the true peak). Each
-round builds with content-addressed payloads (pipeline/media_index.py, `on`) and with every
+round builds with content-addressed payloads (pipeline/output/media_index.py, `on`) and with every
 payload stored (`off`, the previous code path), interleaved; `cost` times builds without
 any copies, on and off interleaved: what the hashing costs a build that has nothing to save.
 
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     from pipeline.demo_data import make_demo_images
-    from pipeline.objectstore import LocalS3
+    from pipeline.runtime.objectstore import LocalS3
 
     with tempfile.TemporaryDirectory() as tmp:
         shape = (args.per_task, args.per_shard)

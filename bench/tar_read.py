@@ -1,6 +1,6 @@
 """Bench: reading one shard's samples, `core.tario.iter_tar_samples` against tarfile's stream
 mode for every member (the reader before the fast path), and the loader's JPEG header check
-(`trainer.transform.check_image_header`) against PIL's `Image.open`; same run, best of N.
+(`trainer.data.transform.check_image_header`) against PIL's `Image.open`; same run, best of N.
 
     .venv/bin/python bench/tar_read.py --shard SHARD.tar [--repeats 7]
 """
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from PIL import Image  # noqa: E402
 
 from core.tario import group_samples, iter_tar_samples  # noqa: E402
-from trainer.transform import check_image_header  # noqa: E402
+from trainer.data.transform import check_image_header  # noqa: E402
 
 
 def tarfile_samples(fileobj: Any) -> Iterator[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """What decoding a damaged or hostile image file with Pillow raises: one list for the build's
-stages (stages/lib/pixels.py) and the trainer's loaders (trainer/transform.py), so a file one
+stages (stages/lib/pixels.py) and the trainer's loaders (trainer/data/transform.py), so a file one
 of them counts as undecodable never crashes the other."""
 
 from __future__ import annotations

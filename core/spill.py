@@ -149,9 +149,9 @@ _SWEPT: list[int] = []  # the pid of the process that swept (a forked worker swe
 
 def sweep_folders(parent: str | None = None) -> None:
     """Remove spill folders that killed processes left in `parent` (the temp folder): those
-    whose pid is gone and that are untouched for SPILL_STALE_S (as core.storage.sweep_uploads;
+    whose pid is gone and that are untouched for SPILL_STALE_S (as core.atomic.sweep_uploads;
     a pid in another pid namespace looks dead, hence the age too)."""
-    from core.storage import pid_gone  # here: spill stays a leaf that storage may import
+    from core.atomic import pid_gone
 
     if parent is None and _SWEPT == [os.getpid()]:
         return  # once per process: a task's own folder is removed in its `finally`

@@ -1,5 +1,5 @@
 """Streamed uploads to object stores: the store's buffered multipart file, written through as
-the data comes (core.storage.open_atomic), never spooled whole to a local file first."""
+the data comes (core.atomic.open_atomic), never spooled whole to a local file first."""
 
 from __future__ import annotations
 

@@ -62,10 +62,10 @@ def trainer_command(name: str, argv: list[str]) -> int:
 
         return train_main(argv)
     if name == "eval":
-        from trainer.eval import main as eval_main
+        from trainer.eval.evaluate import main as eval_main
 
         return eval_main(argv)
-    from trainer.probe import main as probe_main
+    from trainer.probe.run import main as probe_main
 
     return probe_main(argv)
 
@@ -96,7 +96,7 @@ def report_command(output: str, storage_options: str) -> int:
     """`mmcurate report OUTPUT`: report.html rendered again; a folder without a build or
     bad `--storage-options` is a one-line ConfigError."""
     from core.redaction import redact_text
-    from pipeline.report import render_report
+    from pipeline.report.page import render_report
 
     try:
         options = json.loads(storage_options)
@@ -119,7 +119,7 @@ def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int
     from core.redaction import redact_text
     from pipeline.build import run_build
     from pipeline.config import load_build_config
-    from pipeline.raysession import prestart, shutdown
+    from pipeline.runtime.session import prestart, shutdown
 
     if exit_when_done:
         from core.pandas_probe import skip_pandas_probe
@@ -154,7 +154,7 @@ def print_summary(cfg: BuildConfig) -> None:
     """The stage table and phase times at the end of a build (stats.json, read back)."""
     from core.redaction import redact_text
     from core.storage import filesystem, join
-    from pipeline.stats import stage_table
+    from pipeline.output.stats import stage_table
 
     fs, root = filesystem(cfg.output.path, cfg.storage_options)
     stats = json.loads(fs.cat_file(join(root, "stats.json")))

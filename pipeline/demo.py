@@ -14,8 +14,9 @@ from typing import Any
 
 from core.config_io import ConfigError
 from pipeline.demo_data import make_demo_images
-from pipeline.objectstore import LocalS3, ObjectStoreError, find_weed, loopback_only_env
-from pipeline.stats import stage_table
+from pipeline.output.stats import stage_table
+from pipeline.runtime.loopback import loopback_only_env
+from pipeline.runtime.objectstore import LocalS3, ObjectStoreError, find_weed
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train_clip.yaml"

@@ -113,7 +113,7 @@ class Stage:
 
 
 class ModelOptions(StageOptions):
-    """Options of a stage whose model may run in an actor pool (pipeline/actors.py)."""
+    """Options of a stage whose model may run in an actor pool (pipeline/runtime/actors.py)."""
 
     model: str = "ViT-B-32"
     pretrained: str | None = "laion2b_s34b_b79k"

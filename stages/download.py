@@ -17,7 +17,9 @@ from pydantic import Field
 
 from core.formats import meta_json
 from stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, register, sample_meta
-from stages.lib.http_fetch import Connections, Fetched, FetchPolicy, fetch
+from stages.lib.fetch_policy import FetchPolicy
+from stages.lib.http_conn import Connections
+from stages.lib.http_fetch import Fetched, fetch
 
 log = logging.getLogger(__name__)
 

@@ -47,17 +47,16 @@ from stages.lib.dedupe_common import (
     star_keepers,
 )
 from stages.lib.hamming import (
-    TablePlan,
     distinct,
     expand_pairs,
     group_task,
     map_block,
-    plan_tables,
     reduce_partition,
     table_rows_pairs,
     unique_inverse,
     unique_pairs,
 )
+from stages.lib.hamming_plan import TablePlan, plan_tables
 from stages.lib.image_hash import image_signals
 from stages.lib.near_verify import candidate_entries, class_leaders, verify_pairs
 from stages.lib.pixels import DECODE_ERRORS, too_big

@@ -122,7 +122,7 @@ class Recaption(ModelStage):
         )
 
     def pool_loader(self) -> partial:
-        """How an actor of the pool loads this stage's model (pipeline/actors.py)."""
+        """How an actor of the pool loads this stage's model (pipeline/runtime/actors.py)."""
         opts = self.options
         return partial(RecaptionModel, folder=opts.model, precision=opts.precision, clip=self.clip)
 

@@ -18,7 +18,7 @@ sys.path[:0] = [str(ROOT)]
 from bench.memwatch import PeakMemory, tree_pss  # noqa: E402
 from pipeline.build import run_build  # noqa: E402
 from pipeline.config import BuildConfig  # noqa: E402
-from pipeline.raysession import shutdown  # noqa: E402
+from pipeline.runtime.session import shutdown  # noqa: E402
 
 
 def main(spec_path: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.objectstore import loopback_only_env
+from pipeline.runtime.loopback import loopback_only_env
 
 # Nothing a test starts may send traffic off loopback. Ray reads some of these when it is
 # imported, so they are set before any test imports it: Ray advertises 127.0.0.1 instead of
@@ -26,7 +26,7 @@ def builds_on_ray_when_asked(request: pytest.FixtureRequest) -> None:
     build (run before Ray was up, so on the local runtime) leaves its pool behind, and a
     build would run there instead, silently skipping what only Ray checks."""
     if "ray_session" in request.fixturenames:
-        from pipeline.raysession import shutdown
+        from pipeline.runtime.session import shutdown
 
         shutdown()
 
@@ -65,8 +65,8 @@ def ray_session() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """A SeaweedFS S3 server on 127.0.0.1 for the session (a `pipeline.objectstore.LocalS3`)."""
-    from pipeline.objectstore import LocalS3
+    """A SeaweedFS S3 server on 127.0.0.1 for the session (runtime.objectstore.LocalS3)."""
+    from pipeline.runtime.objectstore import LocalS3
 
     with LocalS3(tmp_path_factory.mktemp("seaweedfs")) as server:
         yield server

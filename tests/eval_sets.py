@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from pipeline.demo_data import iter_samples
-from trainer.eval import main
+from trainer.eval.evaluate import main
 
 PHOTOS = list(iter_samples(30, seed=5))
 

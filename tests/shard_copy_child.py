@@ -12,8 +12,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.memwatch import PeakMemory, tree_pss  # noqa: E402
-from core.storage import filesystem, open_atomic, write_parquet  # noqa: E402
-from pipeline.shards import candidate_metadata, write_shard  # noqa: E402
+from core.atomic import open_atomic, write_parquet
+from core.storage import filesystem
+from pipeline.output.shard_metadata import candidate_metadata
+from pipeline.output.shards import write_shard
 
 BLOCK = hashlib.sha256(b"x").digest() * (1 << 15)  # 1 MiB, incompressible enough
 

@@ -8,7 +8,7 @@ import json
 import os
 import threading
 
-from trainer.telemetry import GpuReading
+from trainer.health.telemetry import GpuReading
 
 READINGS_ENV = "MMCURATE_TEST_GPU_READINGS"
 

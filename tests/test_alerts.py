@@ -1,4 +1,4 @@
-"""trainer/alerts.py against a real HTTP server on 127.0.0.1 started here: the documented
+"""trainer/health/alerts.py against a real HTTP server on 127.0.0.1 started here: the documented
 fields arrive, failures are retried a bounded number of times, a dead webhook never raises."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from core.config_io import ConfigError, validate
-from trainer.alerts import Alerts
 from trainer.config import TrainConfig
+from trainer.health.alerts import Alerts
 from trainer.launch import loop_config, worker_config
 
 FIELDS = {"run", "step", "event", "message", "metrics", "time"}

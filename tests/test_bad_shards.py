@@ -19,14 +19,14 @@ import torch
 import yaml
 
 from tests.test_loader import REPO, printed_summaries, run_torchrun, write_uneven_shards
-from trainer.batch import Batch
-from trainer.cache import ShardCache
 from trainer.cli import main
 from trainer.config import TrainConfig
-from trainer.data import ImageTransform, ShardDataset, make_loader
-from trainer.manifest import NoUsableData, read_manifest
+from trainer.data.batch import Batch
+from trainer.data.cache import ShardCache
+from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from trainer.data.manifest import NoUsableData, read_manifest
+from trainer.data.plan import WeightedManifest, epoch_pieces
 from trainer.models import build_model
-from trainer.plan import WeightedManifest, epoch_pieces
 from trainer.train import train
 
 SIZES = (40, 24, 56)  # 120 samples: 7 batches of 16 (8 left over)
@@ -263,7 +263,7 @@ def test_the_cache_downloads_again_a_copy_damaged_on_its_disk(s3, s3_bucket, tmp
 
 TRAIN_AFTER_S3_USE = """
 import json, os, pathlib
-from pipeline.objectstore import LocalS3
+from pipeline.runtime.objectstore import LocalS3
 from trainer.config import TrainConfig
 from trainer.train import train
 
@@ -335,7 +335,7 @@ def test_loader_workers_inherit_no_storage_session(s3, s3_bucket):
     """The cause of those errors, checked directly: a forked worker gets no S3 filesystem of
     the training process, neither a cached one nor garbage (a dropped one is in a cycle, so
     only the collector frees it, in whichever process and thread it runs)."""
-    from trainer.ring import RingLoader
+    from trainer.data.ring import RingLoader
 
     for _ in range(3):
         s3.filesystem().ls(s3_bucket)

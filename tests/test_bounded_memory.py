@@ -191,8 +191,8 @@ def test_chunking_and_spilling_change_no_output_byte(ray_session, tmp_path, kind
 def test_a_tar_read_in_chunks_with_spills_is_the_tar_read_whole(tmp_path, tar_shards):
     from core.spill import Spilled
     from pipeline.config import SourceConfig
-    from pipeline.samples import Reading
-    from pipeline.sources import plan_source, read_chunks, read_partition
+    from pipeline.sources.partitions import plan_source, read_chunks, read_partition
+    from pipeline.sources.samples import Reading
 
     part = plan_source(SourceConfig(kind="webdataset", path=f"{tar_shards(1, 6)}/*.tar"), {})[0]
     whole = read_partition(part, {})

@@ -1,4 +1,4 @@
-"""The bucketed loader (trainer/buckets.py) on a real aspect_buckets build of real photos:
+"""The bucketed loader (trainer/data/buckets.py) on a real aspect_buckets build of real photos:
 batches of one bucket each, every kept sample once per epoch on 1 and 2 ranks, short
 remainders, equal batches per rank, exact mid-epoch resume, and its config's one-line errors."""
 
@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.config_io import ConfigError, validate
-from trainer.bucket_plan import NO_BUCKET, TooFewSamples, plan_epoch
-from trainer.buckets import BucketMetadataError, bucketed_loader, loader_from_config
 from trainer.config import DataConfig, TrainConfig
-from trainer.manifest import read_manifest
+from trainer.data.bucket_plan import NO_BUCKET, TooFewSamples, plan_epoch
+from trainer.data.buckets import BucketMetadataError, bucketed_loader, loader_from_config
+from trainer.data.manifest import read_manifest
 
 BUCKETS = ["64x64", "96x64", "64x96", "128x64", "64x128"]
 # (width, height) of the source images -> how many: buckets of 12, 9, 6, 2 and 1 samples

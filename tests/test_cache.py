@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from trainer.cache import ShardCache, ShardCorrupt
+from trainer.data.cache import ShardCache, ShardCorrupt
 
 SHARD_BYTES = 200_000
 

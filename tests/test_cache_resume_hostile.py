@@ -23,13 +23,13 @@ import yaml
 
 from core.config_io import ConfigError
 from tests.test_loader import write_uneven_shards
-from trainer import cache as cache_module
-from trainer.cache import ShardCache
 from trainer.checkpoint import save_checkpoint
 from trainer.cli import main
 from trainer.config import TrainConfig
-from trainer.manifest import read_manifest
-from trainer.reader import ShardReader
+from trainer.data import cache as cache_module
+from trainer.data.cache import ShardCache
+from trainer.data.manifest import read_manifest
+from trainer.data.reader import ShardReader
 from trainer.train import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread

@@ -26,8 +26,8 @@ from pipeline.build import run_build
 from pipeline.config import BuildConfig
 from tests.test_keys import jpeg, make_awkward_folder, raw_headers, write_input_tar
 from trainer.config import TrainConfig
-from trainer.data import ImageTransform, ShardDataset, make_loader
-from trainer.manifest import read_manifest
+from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from trainer.data.manifest import read_manifest
 from trainer.models import build_model
 
 TAR_KEYS = [

@@ -13,13 +13,20 @@ from pathlib import Path
 import pytest
 
 import pipeline.build as build_module
-import pipeline.resume as resume
+import pipeline.output.resume as resume
+import pipeline.phase_c as phase_c_module
 from core.config_io import ConfigError
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.resume import AlreadyBuilt, TookOver, build_identity, claim_output, record_files
-from pipeline.shards import done_parts, done_shards, mark, part_marker, shard_marker
-from pipeline.sources import plan_source
+from pipeline.output.markers import done_parts, done_shards, mark, part_marker, shard_marker
+from pipeline.output.resume import (
+    AlreadyBuilt,
+    TookOver,
+    build_identity,
+    claim_output,
+    record_files,
+)
+from pipeline.sources.partitions import plan_source
 
 STAGES = [{"name": "decode_image", "resize": {"size": 32}}, {"name": "exact_dedupe"}]
 TOOK_OVER = "another build took over output.path"
@@ -230,7 +237,7 @@ def test_overwrite_never_uses_shards_of_the_build_it_replaced(
     first = run_build(config(folder, out, shard_max_samples=3), False)
     old_shard = (out / "shard-000000.tar").read_bytes()
     old_run = {"build_id": first["build_id"], "run": uuid.uuid4().hex}
-    done = build_module.done_shards
+    done = phase_c_module.done_shards
 
     def old_task_lands(*args):
         plant(out, {"shard-000000.tar": old_shard})
@@ -238,7 +245,7 @@ def test_overwrite_never_uses_shards_of_the_build_it_replaced(
         plant(out, {"_work/shards/shard-000000.json": entry})
         return done(*args)
 
-    monkeypatch.setattr(build_module, "done_shards", old_task_lands)
+    monkeypatch.setattr(phase_c_module, "done_shards", old_task_lands)
     second = run_build(config(folder, out, shard_max_samples=5, overwrite=True), False)
     assert second["shards"] == clean["shards"]
     clean_shard = (tmp_path / "clean" / "shard-000000.tar").read_bytes()

@@ -11,9 +11,9 @@ import pytest
 from core.config_io import ConfigError, load_yaml, parse_override
 from pipeline.cli import main as mmcurate
 from pipeline.config import load_build_config
-from trainer import eval as eval_module
 from trainer.config import load_train_config
-from trainer.eval import load_eval_config, write_json
+from trainer.eval import evaluate as eval_module
+from trainer.eval.evaluate import load_eval_config, write_json
 
 HUGE = "9" * 400
 

@@ -1,18 +1,18 @@
-"""Phase B on partitioned signatures (pipeline/decide.py) decides exactly what the whole-table
-decisions decide (the driver-side phase B before issue 19, kept here as the oracle): repeated
-keys, exact dedupe, near dedupe, keep_top_fraction (ties and NaN included), semantic dedupe,
-in-process and in Ray tasks, for any grouping of the partitions."""
+"""Phase B on partitioned signatures (pipeline/decide/phase_b.py) decides exactly what the
+whole-table decisions decide (the driver-side phase B before issue 19, kept here as the oracle):
+repeated keys, exact dedupe, near dedupe, keep_top_fraction (ties and NaN included), semantic
+dedupe, in-process and in Ray tasks, for any grouping of the partitions."""
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from core.atomic import write_parquet
 from core.mapreduce import LocalRunner, RayRunner
-from core.storage import write_parquet
-from pipeline.decide import decide
-from pipeline.decide_top import score_codes, threshold_bucket
-from pipeline.groups import Groups, plan_groups, read_fate, scan_partitions
+from pipeline.decide.phase_b import decide
+from pipeline.decide.top_fraction import score_codes, threshold_bucket
+from pipeline.output.groups import Groups, plan_groups, read_fate, scan_partitions
 from stages.base import DROP, DROP_STAGE
 from stages.registry import build_stages
 
@@ -164,7 +164,7 @@ def test_first_per_key_keeps_the_first_in_input_order_and_handles_one_row():
 def test_partition_cap_splits_groups_and_decisions_stay_the_same(tmp_path, monkeypatch):
     """Many small partitions (files_per_task: 1): the partition cap, not the row cap, splits
     the groups, and each group gathers its files in several batches."""
-    import pipeline.groups as groups_module
+    import pipeline.output.groups as groups_module
 
     monkeypatch.setattr(groups_module, "PARTS_PER_GROUP", 4)
     monkeypatch.setattr(groups_module, "GATHER_BATCH", 3)
@@ -185,8 +185,8 @@ def test_plan_groups_caps_rows_and_partitions():
 
 def test_gather_group_in_batches_unifies_columns_like_one_concat(tmp_path, monkeypatch):
     """Batches whose files differ in columns and null-typed columns combine as one concat."""
-    import pipeline.groups as groups_module
-    from pipeline.groups import gather_group
+    import pipeline.output.groups as groups_module
+    from pipeline.output.groups import gather_group
 
     monkeypatch.setattr(groups_module, "GATHER_BATCH", 2)
     work = str(tmp_path / "_work")

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from tests.http_corpus import photo_bytes
-from trainer.transform import check_image_header, decode_rgb, jpeg_size
+from trainer.data.transform import check_image_header, decode_rgb, jpeg_size
 
 PIL_DEFAULT_LIMIT = 1024 * 1024 * 1024 // 4 // 3  # Image.MAX_IMAGE_PIXELS as PIL ships it
 USABLE_ERRORS = (OSError, ValueError, RuntimeError, Image.DecompressionBombError)

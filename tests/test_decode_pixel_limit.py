@@ -14,7 +14,7 @@ from PIL import Image
 from stages.base import DROP
 from stages.registry import build_stage
 from tests.test_stages import batch_of, jpeg
-from trainer.transform import check_image_header
+from trainer.data.transform import check_image_header
 
 PIL_DEFAULT_LIMIT = 1024 * 1024 * 1024 // 4 // 3  # Image.MAX_IMAGE_PIXELS as PIL ships it
 
@@ -34,7 +34,7 @@ def huge_header_jpeg() -> bytes:
 def test_importing_every_stage_leaves_pils_limit_alone():
     code = (
         "from PIL import Image; before = Image.MAX_IMAGE_PIXELS; "
-        "import pipeline.build, stages.registry, trainer.data; "
+        "import pipeline.build, stages.registry, trainer.data.dataset; "
         "print(before, Image.MAX_IMAGE_PIXELS)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

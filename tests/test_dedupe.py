@@ -15,15 +15,8 @@ from core.mapreduce import LocalRunner
 from pipeline.demo_data import source_photo
 from stages.base import DROP
 from stages.lib.dedupe_common import keepers, priority_rank
-from stages.lib.hamming import (
-    band_masks,
-    brute_force_pairs,
-    equal_key_pairs,
-    exact_masks,
-    lsh_recall,
-    plan_tables,
-    unique_inverse,
-)
+from stages.lib.hamming import brute_force_pairs, equal_key_pairs, unique_inverse
+from stages.lib.hamming_plan import band_masks, exact_masks, lsh_recall, plan_tables
 from stages.lib.image_hash import hamming, image_hash
 from stages.lib.semdedup import brute_force_keep, greedy_keep, normalize, reduce_clusters
 from stages.near_dedupe import close_pairs

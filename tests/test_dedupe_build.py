@@ -89,7 +89,8 @@ def test_ray_map_reduce_with_many_partitions_matches_brute_force(ray_session, mo
 
     import stages.near_dedupe as near_module
     from core.mapreduce import RayRunner
-    from stages.lib.hamming import brute_force_pairs, plan_tables
+    from stages.lib.hamming import brute_force_pairs
+    from stages.lib.hamming_plan import plan_tables
     from stages.near_dedupe import close_pairs
 
     rng = np.random.default_rng(4)

@@ -19,7 +19,9 @@ from collections.abc import Callable
 import pytest
 
 from stages.download import Download, DownloadOptions
-from stages.lib.http_fetch import Connections, FetchPolicy, fetch
+from stages.lib.fetch_policy import FetchPolicy
+from stages.lib.http_conn import Connections
+from stages.lib.http_fetch import fetch
 from tests.http_corpus import Served, photo_bytes
 
 TIMEOUT_S = 1.0

@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from stages.lib.http_fetch import Connections, FetchPolicy, fetch, retry_after, retry_pause
+from stages.lib.fetch_policy import FetchPolicy
+from stages.lib.http_conn import Connections
+from stages.lib.http_fetch import fetch, retry_after, retry_pause
 from stages.lib.resolver import Resolver
 from stages.lib.url_guard import Failed
 from tests.http_corpus import Corpus, photo_bytes

@@ -1,6 +1,7 @@
-"""`mmcurate eval` (trainer/eval.py): config refusals, multi-caption retrieval sets read through
-the training shard reader, zero-shot from folders and manifests. A tiny model (mmcurate-tiny)
-and a few dozen samples; train checkpoints and the command end to end: test_eval_weights.py."""
+"""`mmcurate eval` (trainer/eval/evaluate.py): config refusals, multi-caption retrieval sets read
+through the training shard reader, zero-shot from folders and manifests. A tiny model
+(mmcurate-tiny) and a few dozen samples; train checkpoints and the command end to end:
+test_eval_weights.py."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from tests.eval_sets import (
     tiny_weights,
     write_build,
 )
-from trainer.eval_data import EvalSource, Fields, ShardRead, make_loader, shard_units
-from trainer.eval_tasks import pair_up
-from trainer.manifest import read_manifest
+from trainer.data.manifest import read_manifest
+from trainer.eval.data import EvalSource, Fields, ShardRead, make_loader, shard_units
+from trainer.eval.tasks import pair_up
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 
@@ -248,7 +249,7 @@ def test_a_corrupt_shard_is_counted_not_fatal(tmp_path, capsys):
 
 
 def test_example_config_validates():
-    from trainer.eval import load_eval_config
+    from trainer.eval.evaluate import load_eval_config
 
     cfg = load_eval_config(Path(__file__).resolve().parents[1] / "configs" / "eval.yaml")
     assert cfg.retrieval.recall_at == [1, 5, 10] and cfg.zeroshot is None

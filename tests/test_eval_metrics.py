@@ -1,4 +1,4 @@
-"""trainer/eval_metrics.py against brute-force numpy references: exact equality on small random
+"""trainer/eval/metrics.py against brute-force numpy references: exact equality on small random
 sets with ties, multi-caption images and degenerate scores."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import eval_metrics
-from trainer.eval_metrics import (
+from trainer.eval import metrics as eval_metrics
+from trainer.eval.metrics import (
     ranks,
     retrieval_from_features,
     retrieval_metrics,

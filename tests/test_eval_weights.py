@@ -23,7 +23,7 @@ from tests.eval_sets import (
     tiny_weights,
     write_build,
 )
-from trainer.eval import main
+from trainer.eval.evaluate import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -143,7 +143,7 @@ def test_different_config_on_unfinished_output_is_refused(tmp_path, image_folder
 
 @pytest.mark.slow
 def test_object_store_restart_mid_build(ray_session, slow_urls, tmp_path):
-    from pipeline.objectstore import LocalS3
+    from pipeline.runtime.objectstore import LocalS3
 
     clean = run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "clean")), False)
     with LocalS3(tmp_path / "s3") as store:

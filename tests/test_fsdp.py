@@ -1,4 +1,4 @@
-"""`strategy: fsdp` (trainer/fsdp.py) on 2 CPU ranks under torchrun (gloo): the same loss curve
+"""`strategy: fsdp` (trainer/dist/fsdp.py) on 2 CPU ranks under torchrun (gloo): the same loss curve
 as DDP for the same seed and data, its checkpoints the same plain files (an open_clip state
 dict, a resume on one rank seeing the rest of the epoch exactly once)."""
 
@@ -16,7 +16,7 @@ import yaml
 
 from tests.test_alerts import Webhook
 from tests.test_loader import REPO, logged_steps, write_uneven_shards
-from trainer.health import FAULTS_ENV
+from trainer.health.checks import FAULTS_ENV
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from pipeline.config import SourceConfig, overlaps
-from pipeline.sources import plan_source, read_partition
+from pipeline.sources.partitions import plan_source, read_partition
 from stages.base import DROP
 from tests.test_sources import rows
 

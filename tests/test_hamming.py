@@ -8,13 +8,7 @@ import pytest
 
 import stages.near_dedupe as near_module
 from core.mapreduce import LocalRunner
-from stages.lib.hamming import (
-    brute_force_pairs,
-    expand_pairs,
-    lsh_recall,
-    plan_tables,
-    unique_inverse,
-)
+from stages.lib.hamming import brute_force_pairs, expand_pairs, unique_inverse
 from stages.lib.hamming_lsh import (
     even_rotations,
     group_recall,
@@ -25,6 +19,7 @@ from stages.lib.hamming_lsh import (
     window,
     window_mask,
 )
+from stages.lib.hamming_plan import lsh_recall, plan_tables
 from stages.near_dedupe import close_pairs, near_groups
 
 

@@ -1,4 +1,4 @@
-"""trainer/health.py in real (tiny, CPU) training runs: NaN batches injected through the
+"""trainer/health/checks.py in real (tiny, CPU) training runs: NaN batches injected through the
 test hook (MMCURATE_TEST_FAULTS) are skipped and counted, repeated ones restore the last good
 checkpoint and training goes on with new data, a loss spike triggers the configured action,
 alerts reach a loopback webhook, and on two ranks one rank's NaN skips the step on both."""
@@ -22,7 +22,7 @@ from tests.test_loader import REPO, logged_steps, printed_summaries, write_uneve
 from trainer.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint
 from trainer.cli import main
 from trainer.config import HealthConfig, TrainConfig
-from trainer.health import FAULTS_ENV, LossWatch
+from trainer.health.checks import FAULTS_ENV, LossWatch
 from trainer.train import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -2,15 +2,9 @@
 
 import pytest
 
-from stages.lib.http_fetch import (
-    Connections,
-    Failed,
-    FetchPolicy,
-    check_url,
-    fetch,
-    robots_optout,
-    sniff,
-)
+from stages.lib.fetch_policy import FetchPolicy
+from stages.lib.http_conn import Connections
+from stages.lib.http_fetch import Failed, check_url, fetch, robots_optout, sniff
 from tests.http_corpus import Corpus, photo_bytes
 
 

@@ -177,7 +177,7 @@ def test_an_output_longer_than_webp_can_hold_is_too_big():
 def test_the_report_does_not_decode_a_picture_too_large_to_show():
     """Bug: report.html decoded in the driver the very images decode_image had dropped as too
     large (a 13,000 x 13,000 PNG of 194 KB took the driver to 931 MB)."""
-    from pipeline.report import THUMB_MAX_PIXELS, thumb
+    from pipeline.report.page import THUMB_MAX_PIXELS, thumb
 
     big = io.BytesIO()
     Image.new("L", (5001, 5000)).save(big, "PNG")
@@ -196,7 +196,7 @@ def test_upload_temporaries_of_killed_processes_are_swept(tmp_path, monkeypatch)
     import subprocess
     import tempfile
 
-    from core import storage
+    from core import atomic as storage
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(storage, "_SWEPT", [])

@@ -157,6 +157,62 @@ def test_no_upward_imports():
     assert upward == [], "imports that reach up a layer:\n" + "\n".join(upward)
 
 
+# What each sub-package may import besides itself (its docstring says the same): the parts of
+# a layer stay layered too. pipeline's root (build, phases, cli, demo) and trainer.probe, the
+# commands over everything, are not listed.
+SUBPACKAGE_ALLOWED = {
+    "pipeline.runtime": {"core", "stages", "pipeline.config"},
+    "pipeline.sources": {"core", "stages", "pipeline.config"},
+    "pipeline.output": {
+        "core",
+        "stages",
+        "pipeline.config",
+        "pipeline.sources",
+        "pipeline.runtime",
+    },
+    "pipeline.decide": {"core", "stages", "pipeline.config", "pipeline.output", "pipeline.runtime"},
+    "pipeline.report": {"core", "stages", "pipeline.output"},
+    "trainer.data": {"core", "trainer.run_log"},
+    "trainer.dist": {"core"},
+    "trainer.eval": {
+        *("core", "trainer.config", "trainer.units", "trainer.models", "trainer.precision"),
+        *("trainer.data", "trainer.dist"),
+    },
+    "trainer.health": {
+        *("core", "trainer.config", "trainer.step", "trainer.train_state", "trainer.checkpoint"),
+        *("trainer.data", "trainer.dist"),
+    },
+}
+
+
+def part_of(module: str) -> str:
+    """`pipeline.output.shards` -> `pipeline.output`; `pipeline.build` stays; `core.x` -> core."""
+    parts = module.split(".")
+    if parts[0] in ("core", "stages"):
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def test_sub_packages_import_only_what_their_docstring_allows():
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in sorted(import_graph().items())
+        for target in sorted(targets)
+        if part_of(module) in SUBPACKAGE_ALLOWED
+        and part_of(target) != part_of(module)
+        and part_of(target) not in SUBPACKAGE_ALLOWED[part_of(module)]
+    ]
+    assert wrong == [], "imports a sub-package does not allow:\n" + "\n".join(wrong)
+
+
+def test_every_sub_package_says_what_it_owns_and_may_import():
+    for package in SUBPACKAGE_ALLOWED:
+        doc = ast.get_docstring(
+            ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text())
+        )
+        assert doc and "May import" in doc, package
+
+
 def test_the_checker_finds_cycles_and_relative_imports():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e2"}, "e2": set()}
     assert strongly_connected(graph) == [["a", "b", "c"]]
@@ -165,4 +221,5 @@ def test_the_checker_finds_cycles_and_relative_imports():
     first, second = tree.body
     assert imported_names(first, "pipeline.output.shards", False) == ["pipeline.output.layout"]
     assert imported_names(second, "pipeline.output.shards", False) == ["pipeline.core.storage"]
-    assert resolve("pipeline.layout.ShardPlanner", project_modules()) == "pipeline.layout"
+    layout = "pipeline.output.layout"
+    assert resolve(f"{layout}.ShardPlanner", project_modules()) == layout

@@ -24,7 +24,7 @@ from core.tario import (
     write_tar,
 )
 from pipeline.config import SourceConfig
-from pipeline.sources import plan_source, read_partition
+from pipeline.sources.partitions import plan_source, read_partition
 from stages.base import DROP
 from stages.decode_image import merge_json
 from stages.video_frames import merge_meta

@@ -20,10 +20,9 @@ import yaml
 from PIL import Image, ImageColor
 
 from trainer.config import TrainConfig
-from trainer.data import Batch, ImageTransform, ShardDataset, make_loader
-from trainer.manifest import read_manifest
-from trainer.models import build_model
-from trainer.plan import (
+from trainer.data.dataset import Batch, ImageTransform, ShardDataset, make_loader
+from trainer.data.manifest import read_manifest
+from trainer.data.plan import (
     Layout,
     WeightedManifest,
     batches_per_rank,
@@ -32,6 +31,7 @@ from trainer.plan import (
     worker_batches,
     worker_plan,
 )
+from trainer.models import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 UNEVEN = (1, 7, 1000, 16)  # 1,024 samples: 32 batches of 16 on each of 2 ranks, none left
@@ -202,7 +202,7 @@ def test_ring_slots_carry_the_same_batches_and_stay_valid_while_held(
 def test_a_ring_slot_is_written_again_only_once_given_back():
     import multiprocessing
 
-    from trainer.ring import Ring
+    from trainer.data.ring import Ring
 
     free = multiprocessing.get_context("fork").Semaphore(2)
     first = Batch(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, 77), ["a"] * 4)
@@ -250,7 +250,7 @@ def test_transform_split_matches_open_clip_preprocess(tiny_transform):
     from torchvision.transforms import Compose
     from torchvision.transforms.functional import resized_crop
 
-    from trainer.transform import crop_box
+    from trainer.data.transform import crop_box
 
     transform, _ = tiny_transform
     crop, *rest = transform.full.transforms
@@ -277,7 +277,7 @@ def test_crop_boxes_are_drawn_as_torchvision_random_resized_crop_draws_them(heig
     inside the image, the same boxes again from the same seed."""
     from torchvision.transforms import RandomResizedCrop
 
-    from trainer.transform import crop_box
+    from trainer.data.transform import crop_box
 
     scale, ratio = (0.9, 1.0), (3 / 4, 4 / 3)
     image = torch.zeros(3, height, width, dtype=torch.uint8)
@@ -395,7 +395,7 @@ def tiny_parts(loss: str = "clip"):
 
 
 def random_batch(tokenizer, n: int, seed: int):
-    from trainer.data import Batch
+    from trainer.data.dataset import Batch
 
     gen = torch.Generator().manual_seed(seed)
     images = torch.randn(n, 3, 64, 64, generator=gen)
@@ -406,7 +406,7 @@ def random_batch(tokenizer, n: int, seed: int):
 
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_accumulated_gradients_equal_one_big_batch(loss):
-    from trainer.data import Batch
+    from trainer.data.dataset import Batch
     from trainer.train import accumulated_backward, clip_features, contrastive_loss
 
     parts, _, tokenizer = tiny_parts(loss)
@@ -574,8 +574,8 @@ import multiprocessing
 from pathlib import Path
 from tests.test_loader import write_uneven_shards
 from trainer.config import TrainConfig
-from trainer.data import ImageTransform, ShardDataset, make_loader
-from trainer.manifest import read_manifest
+from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from trainer.data.manifest import read_manifest
 from trainer.models import build_model
 import torch
 

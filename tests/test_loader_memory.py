@@ -24,11 +24,11 @@ from PIL import Image
 
 from tests.test_loader import REPO, write_uneven_shards
 from trainer.config import TrainConfig
-from trainer.data import ImageTransform, ShardDataset, make_loader
-from trainer.manifest import read_manifest
+from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from trainer.data.manifest import read_manifest
+from trainer.data.plan import Layout, WeightedManifest, epoch_pieces, worker_plan
+from trainer.data.reader import ShardReader
 from trainer.models import build_model
-from trainer.plan import Layout, WeightedManifest, epoch_pieces, worker_plan
-from trainer.reader import ShardReader
 
 MiB = 1 << 20
 
@@ -134,8 +134,8 @@ MEASURE = """
 import json, resource, sys, torch
 from bench.memwatch import PeakMemory, tree_pss
 from trainer.config import TrainConfig
-from trainer.data import ImageTransform, ShardDataset, make_loader
-from trainer.manifest import read_manifest
+from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from trainer.data.manifest import read_manifest
 from trainer.models import build_model
 cfg = TrainConfig.model_validate({"data": {"manifest": "x"}, "run": {"output": "x"}})
 _, preprocess, tokenizer = build_model(cfg.model, torch.device("cpu"))

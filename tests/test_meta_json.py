@@ -13,7 +13,7 @@ from PIL import Image
 
 from core.formats import meta_json
 from pipeline.config import SourceConfig
-from pipeline.sources import plan_source, read_partition
+from pipeline.sources.partitions import plan_source, read_partition
 from stages.registry import build_stage
 from tests.test_sources import rows
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.config_io import ConfigError
-from pipeline.source_urls import read_urls
+from pipeline.sources.urls import read_urls
 from stages.metadata_filter import parse_condition
 from stages.registry import build_stage
 

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import pipeline.build as build_module
+import pipeline.phase_c as phase_c_module
 from core.config_io import ConfigError, validate
 from pipeline.build import run_build
 from pipeline.config import BuildConfig, overlaps
 from pipeline.demo_data import write_tar_shards
-from pipeline.resume import claim_output, manifest_files, safe_recorded
+from pipeline.output.publish import manifest_files, safe_recorded
+from pipeline.output.resume import claim_output
 
 REPO = Path(__file__).resolve().parents[1]
 FOREIGN = "no mmcurate build wrote"
@@ -270,7 +271,7 @@ def test_interrupted_build_resumes_or_is_replaced(ray_session, tmp_path, image_f
         raise RuntimeError("killed before the manifest")
 
     with monkeypatch.context() as patch:
-        patch.setattr(build_module, "final_files", crash)
+        patch.setattr(phase_c_module, "final_files", crash)
         with pytest.raises(RuntimeError, match="killed"):
             run_build(config(folder, out, shard_max_samples=4), False)
     assert (out / "shard-000000.tar").exists() and not (out / "manifest.json").exists()

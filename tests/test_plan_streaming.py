@@ -1,4 +1,4 @@
-"""Planning a URL list streams it (pipeline/source_infer.py) and finds what a whole-file read
+"""Planning a URL list streams it (pipeline/sources/infer.py) and finds what a whole-file read
 finds: the same rows, column names and schema per partition. The expected values come from
 pyarrow reading each whole file at once (pipeline/source_tables.read_table, which partitions
 and staging still use); the streaming side reads in blocks of a few dozen bytes here, so
@@ -13,11 +13,13 @@ import json
 import fsspec
 import pytest
 
-from pipeline import source_infer, source_ranges
 from pipeline.config import SourceConfig
-from pipeline.source_csv import BAD_ROW
-from pipeline.source_ranges import json_rows, unpack_schema
-from pipeline.source_urls import list_shape, needed_columns, plan_urls, read_table
+from pipeline.sources import infer as source_infer
+from pipeline.sources import infer_json
+from pipeline.sources import ranges as source_ranges
+from pipeline.sources.csv_lists import BAD_ROW
+from pipeline.sources.ranges import json_rows, unpack_schema
+from pipeline.sources.urls import list_shape, needed_columns, plan_urls, read_table
 
 FS = fsspec.filesystem("file")
 ROWS = 40
@@ -26,8 +28,9 @@ ROWS = 40
 @pytest.fixture(autouse=True)
 def tiny_blocks(monkeypatch):
     monkeypatch.setattr(source_infer, "BLOCK", 64)
-    monkeypatch.setattr(source_infer, "TEXT_BLOCK", 16)
+    monkeypatch.setattr(infer_json, "TEXT_BLOCK", 16)
     monkeypatch.setattr(source_infer, "GROUP_ROWS", 3)
+    monkeypatch.setattr(infer_json, "GROUP_ROWS", 3)
     monkeypatch.setattr(source_ranges, "BLOCK", 32)
 
 
@@ -169,4 +172,4 @@ TEXTS = [
 @pytest.mark.parametrize("block", [1, 2, 5, 64])
 def test_json_objects_streams_the_rows_json_rows_reads_whole(block):
     for text in TEXTS:
-        assert list(source_infer.json_objects(io.BytesIO(text), block)) == list(json_rows(text))
+        assert list(infer_json.json_objects(io.BytesIO(text), block)) == list(json_rows(text))

@@ -16,7 +16,7 @@ from core.config_io import ConfigError, validate
 from pipeline.cli import main
 from tests.test_loader import write_uneven_shards
 from trainer.config import ProbeConfig, TrainConfig
-from trainer.sizing import recommend, step_time
+from trainer.probe.sizing import recommend, step_time
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -98,7 +98,7 @@ def test_the_sizing_arithmetic():
 
 
 def test_probe_is_routed_like_train_and_eval(capsys):
-    assert Path(__file__).resolve().parents[1].joinpath("trainer", "probe.py").is_file()
+    assert Path(__file__).resolve().parents[1].joinpath("trainer", "probe", "run.py").is_file()
     assert main(["probe", "--help"]) == 0  # probe's own parser: its help, not a stub
     assert "--target-global-batch" in capsys.readouterr().out
 

@@ -12,7 +12,7 @@ import pytest
 from tests.test_alerts import Webhook
 from tests.test_loader import logged_steps, write_uneven_shards
 from trainer.config import TrainConfig
-from trainer.health import FAULTS_ENV
+from trainer.health.checks import FAULTS_ENV
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

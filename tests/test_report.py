@@ -11,7 +11,7 @@ from PIL import Image
 
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.report_charts import bar_chart, histogram
+from pipeline.report.charts import bar_chart, histogram
 from tests.test_config import REPO
 
 SECTIONS = (

@@ -1,4 +1,4 @@
-"""trainer/resplit.py on plans alone (no loader, no ranks): whatever the old and the new
+"""trainer/data/resplit.py on plans alone (no loader, no ranks): whatever the old and the new
 layout, the samples an epoch's earlier layouts emitted and those the re-split rest emits are
 the epoch's samples, each exactly once, and every new rank gets the same number of batches."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.plan import (
+from trainer.data.plan import (
     Layout,
     Piece,
     WeightedManifest,
@@ -16,7 +16,7 @@ from trainer.plan import (
     worker_batches,
     worker_plan,
 )
-from trainer.resplit import PlanShape, Split, carried_pieces, merged, pieces_at
+from trainer.data.resplit import PlanShape, Split, carried_pieces, merged, pieces_at
 
 
 def samples_of(pieces: list[Piece], positions: list[int]) -> list[tuple[int, int]]:

@@ -2,7 +2,7 @@
 their shared-memory rings (issue 23). Checked on the CPU, without touching CUDA: the loader
 train.py builds for a run on "cuda" is built here the way train.py builds it, and compared
 with the one for "cpu"; then the CUDA configuration's loader is run (its workers do not use
-CUDA) and its batches are the uint8 ring views that trainer/prefetch.py copies to the GPU."""
+CUDA) and its batches are the uint8 ring views that trainer/data/prefetch.py copies to the GPU."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import torch
 
 from tests.test_loader import write_uneven_shards
 from trainer.config import TrainConfig
-from trainer.data import ShardDataset
-from trainer.distributed import Dist
+from trainer.data.dataset import ShardDataset
+from trainer.data.ring import DEVICE_HOLD, RingLoader
+from trainer.dist.world import Dist
 from trainer.models import build_model
-from trainer.ring import DEVICE_HOLD, RingLoader
 from trainer.train import (
     DevicePrefetcher,
     make_dataset,
@@ -65,7 +65,7 @@ def test_the_cuda_run_builds_the_cpu_runs_ring_loader(shards, parts):
     cpu, cuda = training_loader(cfg, "cpu", parts), training_loader(cfg, "cuda", parts)
     assert type(cpu) is type(cuda) is RingLoader
     assert type(cpu.dataset) is type(cuda.dataset)
-    assert isinstance(cpu.dataset, ShardDataset)  # trainer/resplit.py's subclass, on both
+    assert isinstance(cpu.dataset, ShardDataset)  # trainer/data/resplit.py's subclass, on both
     assert shape_of(cpu) == shape_of(cuda) and shape_of(cpu.dataset) == shape_of(cuda.dataset)
     assert (cpu.workers, cpu.depth) == (cuda.workers, cuda.depth) == (2, cpu.depth)
     # The CPU trains on the views and keeps a step (accum_freq 2) plus the next; CUDA keeps
@@ -88,7 +88,7 @@ def test_gpu_decode_and_no_workers_keep_the_pinned_dataloader(shards):
 
 def test_the_cuda_runs_loader_yields_uint8_ring_views_and_resumes_exactly(shards, parts):
     """Run on the CPU, the CUDA run's loader yields uint8 batches that are views into a ring
-    (a shared storage holding several batches: what trainer/prefetch.py registers with CUDA
+    (a shared storage holding several batches: what trainer/data/prefetch.py registers with CUDA
     and copies from), finished to normalized float by the device step; a loader resumed after
     3 batches yields exactly the rest."""
     cfg = config(shards)

@@ -19,8 +19,8 @@ from core.config_io import ConfigError
 from core.mapreduce import LocalRunner
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.localpool import LocalPool, PoolRunner, WorkerCrashed
-from pipeline.raysession import choose_runtime
+from pipeline.runtime.localpool import LocalPool, PoolRunner, WorkerCrashed
+from pipeline.runtime.session import choose_runtime
 from tests.http_corpus import Corpus, photo_bytes
 
 REPO = Path(__file__).resolve().parents[1]

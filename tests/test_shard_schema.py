@@ -15,9 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.mapreduce import LocalRunner
-from pipeline.shards import (
+from pipeline.output.shard_metadata import (
     FIELDS_KEY,
-    HashingWriter,
     candidate_metadata,
     merge_kind,
     metadata_name,
@@ -27,6 +26,7 @@ from pipeline.shards import (
     row_fields,
     value_kind,
 )
+from pipeline.output.shards import HashingWriter
 
 # Two shards' worth of rows that disagree in every way a per-shard inference gets wrong.
 FIRST = [
@@ -184,7 +184,7 @@ def test_a_candidate_shorter_than_its_spans_fails_the_shard(tmp_path):
 
 SHRINKS_WHILE_COPIED = """
 import os, sys
-from pipeline.shards import HashingWriter
+from pipeline.output.shards import HashingWriter
 
 source, target = sys.argv[1], sys.argv[2]
 

@@ -1,6 +1,6 @@
 """Sharded (DCP) checkpoints of `strategy: fsdp` on a changing number of ranks (gloo, CPU):
 saved mid-epoch on 4 ranks, resumed on 2, stopped mid-epoch again and resumed on 1 process;
-the rest of the epoch is re-split each time (trainer/resplit.py) and the sample logs hold
+the rest of the epoch is re-split each time (trainer/data/resplit.py) and the sample logs hold
 every sample of the epoch exactly once."""
 
 from __future__ import annotations

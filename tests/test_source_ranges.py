@@ -16,10 +16,10 @@ import pytest
 
 from core.config_io import ConfigError
 from pipeline.config import SourceConfig
-from pipeline.source_ranges import LineScan, groups_for, scan_rows
-from pipeline.source_staging import stage_sources
-from pipeline.source_synth import laion_like_table, write_csv_list, write_parquet_list
-from pipeline.source_urls import plan_urls, read_urls, url_sample
+from pipeline.sources.ranges import LineScan, groups_for, scan_rows
+from pipeline.sources.staging import stage_sources
+from pipeline.sources.synth import laion_like_table, write_csv_list, write_parquet_list
+from pipeline.sources.urls import plan_urls, read_urls, url_sample
 from stages.base import DROP
 
 COLUMNS = {"url_column": "URL", "caption_column": "TEXT"}

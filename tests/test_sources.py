@@ -6,8 +6,8 @@ import threading
 
 from core.tario import safe_key
 from pipeline.config import BuildConfig, SourceConfig
-from pipeline.resume import build_identity
-from pipeline.sources import plan_source, read_partition
+from pipeline.output.resume import build_identity
+from pipeline.sources.partitions import plan_source, read_partition
 from stages.base import DROP
 
 

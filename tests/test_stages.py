@@ -9,8 +9,8 @@ from PIL import Image
 
 from core.config_io import ConfigError
 from core.tario import iter_tar_samples, sample_members, split_member_name, write_tar
-from pipeline.shards import TAR_END_BYTES, plan_shards
-from pipeline.sources import empty_batch, sanitize_key
+from pipeline.output.shards import TAR_END_BYTES, plan_shards
+from pipeline.sources.samples import empty_batch, sanitize_key
 from stages.base import DROP, DROP_STAGE
 from stages.registry import build_stage, build_stages
 

@@ -1,5 +1,5 @@
 """Storage peak (issue 37): candidate tars retired during phase C, media payloads stored once
-per build (references, pipeline/media_index.py), uploads streamed to the object store, shards
+per build (references, pipeline/output/media_index.py), uploads streamed to the object store, shards
 copied in bounded blocks, a kill -9 mid phase A or mid phase C resumed to the same output.
 
 The figures: a build whose exact_dedupe drops 30% of its samples (copies in other partitions)
@@ -22,16 +22,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.storage import filesystem, open_atomic
+from core.atomic import open_atomic
+from core.storage import filesystem
 from core.tario import TarWriter, write_tar
-from pipeline import media_index
 from pipeline.build import run_build
-from pipeline.candidates import write_chunk
 from pipeline.config import BuildConfig
-from pipeline.media_index import MediaTable, PartitionMedia, media_name
-from pipeline.retire import Retirer, shard_runs
-from pipeline.shard_refs import read_refs
-from pipeline.shards import (
+from pipeline.output import media_index
+from pipeline.output.candidates import write_chunk
+from pipeline.output.media_index import PartitionMedia
+from pipeline.output.media_table import MediaTable, media_name
+from pipeline.output.retire import Retirer, shard_runs
+from pipeline.output.shard_refs import read_refs
+from pipeline.output.shards import (
     COPY_BATCH,
     COPY_BLOCK,
     HashingWriter,
@@ -155,7 +157,7 @@ def test_a_full_index_takes_no_more_payloads_and_keeps_the_ones_it_has():
 
 
 def test_the_index_serves_committed_payloads_only(tmp_path):
-    from pipeline.media_index import IndexServer, SocketIndex
+    from pipeline.output.media_index import IndexServer, SocketIndex
 
     table = MediaTable()
     server = IndexServer(table)
@@ -411,7 +413,7 @@ def test_killed_mid_phase_c_with_references_resumes_to_the_same_manifest(tmp_pat
 
 def test_partition_tasks_declare_memory_that_fits_the_ray(ray_session, tmp_path):
     from core.config_io import ConfigError
-    from pipeline.raysession import fitted_memory, node_memory, partition_memory, shutdown
+    from pipeline.runtime.session import fitted_memory, node_memory, partition_memory, shutdown
 
     shutdown()  # an earlier test's local pool: builds would run there, not on Ray
     base = dedupe_config(tmp_path, str(tmp_path / "out")) | {"ray": {}}
@@ -424,7 +426,7 @@ def test_partition_tasks_declare_memory_that_fits_the_ray(ray_session, tmp_path)
 
 
 def test_groups_are_capped_by_signature_bytes_as_well_as_rows():
-    from pipeline.groups import plan_groups
+    from pipeline.output.groups import plan_groups
 
     parts, rows = list(range(6)), [10] * 6
     assert plan_groups(parts, rows, 1000) == [parts]
@@ -434,7 +436,7 @@ def test_groups_are_capped_by_signature_bytes_as_well_as_rows():
 
 
 def test_the_local_pool_starts_no_more_workers_than_tasks():
-    from pipeline.localpool import LocalPool
+    from pipeline.runtime.localpool import LocalPool
 
     pool = LocalPool(4, start=0)
     try:
@@ -447,9 +449,9 @@ def test_the_local_pool_starts_no_more_workers_than_tasks():
 
 
 def test_group_tasks_run_in_a_bounded_window_in_call_order(ray_session):
-    from pipeline.raysession import WindowRunner
+    from pipeline.runtime.session import WindowRunner
 
-    runner = WindowRunner()
+    runner = WindowRunner(task_bytes=1 << 30)
     assert 1 <= runner.window() <= runner.parallelism
     assert runner.run(pow, [(i, 2) for i in range(7)]) == [i * i for i in range(7)]
 

@@ -1,4 +1,4 @@
-"""trainer/telemetry.py with injected samplers (no GPU here): the alert rules fire exactly
+"""trainer/health/telemetry.py with injected samplers (no GPU here): the alert rules fire exactly
 when they say, to a real webhook on 127.0.0.1; readings are taken off the training thread and
 reach metrics.jsonl as `gpu/<index>/<name>`; without NVML telemetry says so once."""
 
@@ -15,9 +15,9 @@ from core.config_io import ConfigError, validate
 from tests.telemetry_samplers import READINGS_ENV, ScriptedSampler
 from tests.test_alerts import FIELDS, Webhook
 from tests.test_loader import write_uneven_shards
-from trainer.alerts import Alerts
 from trainer.config import TelemetryConfig, TrainConfig
-from trainer.telemetry import GpuReading, GpuRules, Telemetry, open_telemetry
+from trainer.health.alerts import Alerts
+from trainer.health.telemetry import GpuReading, GpuRules, Telemetry, open_telemetry
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,4 +1,4 @@
-"""Evaluation during training (train config `eval`, trainer/train_eval.py): the numbers a run
+"""Evaluation during training (train config `eval`, trainer/eval/in_training.py): the numbers a run
 logs equal `mmcurate eval` on the checkpoint of that step, on one rank and on two (torchrun,
 gloo on CPU); evaluating does not change training; a bad eval section fails before training."""
 
@@ -19,8 +19,8 @@ from tests.eval_sets import PHOTOS, class_folder, flickr_like, photo, write_buil
 from trainer.checkpoint import load_checkpoint
 from trainer.cli import main as train_main
 from trainer.config import TrainConfig
-from trainer.distributed import Dist
-from trainer.eval import main as eval_main
+from trainer.dist.world import Dist
+from trainer.eval.evaluate import main as eval_main
 from trainer.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,8 +140,8 @@ def printed_summaries(stdout: str) -> list[dict]:
 
 
 def test_two_ranks_log_the_numbers_one_rank_and_mmcurate_eval_find(sets, tmp_path):
+    from trainer.eval.in_training import open_evaluator
     from trainer.models import load_eval_model, resolve_weights
-    from trainer.train_eval import open_evaluator
 
     output = tmp_path / "run"
     body = tree(sets, output, eval_section(sets, every=3, workers=0))

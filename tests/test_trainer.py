@@ -24,8 +24,8 @@ from core.tario import iter_tar_samples, split_member_name
 from trainer.checkpoint import load_checkpoint
 from trainer.cli import main
 from trainer.config import TrainConfig, load_train_config, parse_size
-from trainer.data import ImageTransform, ShardDataset
-from trainer.manifest import ManifestError, read_manifest
+from trainer.data.dataset import ImageTransform, ShardDataset
+from trainer.data.manifest import ManifestError, read_manifest
 from trainer.train import lr_factor, train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,9 @@ from ipaddress import ip_address
 
 import pytest
 
-from stages.lib.http_fetch import Connections, Failed, FetchPolicy, check_url, fetch
+from stages.lib.fetch_policy import FetchPolicy
+from stages.lib.http_conn import Connections
+from stages.lib.http_fetch import Failed, check_url, fetch
 from stages.lib.url_guard import (
     embedded_ipv4,
     is_public_address,

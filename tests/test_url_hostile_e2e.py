@@ -12,9 +12,11 @@ import pytest
 
 from pipeline.build import run_build
 from pipeline.config import BuildConfig
-from pipeline.sources import empty_batch
+from pipeline.sources.samples import empty_batch
 from stages.base import DROP
-from stages.lib.http_fetch import Connections, FetchPolicy, fetch
+from stages.lib.fetch_policy import FetchPolicy
+from stages.lib.http_conn import Connections
+from stages.lib.http_fetch import fetch
 from stages.registry import build_stage
 from tests.http_corpus import Corpus, photo_bytes
 

@@ -13,7 +13,7 @@ import pytest
 from core.config_io import ConfigError
 from pipeline.build import run_build
 from pipeline.config import BuildConfig, SourceConfig
-from pipeline.source_urls import plan_urls
+from pipeline.sources.urls import plan_urls
 from stages.base import DROP
 from tests.test_source_ranges import read_all
 
@@ -338,7 +338,7 @@ def test_bad_csv_rows_are_counted_in_a_built_dataset(tmp_path):
 
 
 def test_a_bad_row_of_a_video_list_is_named_not_a_read_error(tmp_path):
-    from pipeline.source_videos import plan_video_list, read_video_list
+    from pipeline.sources.videos import plan_video_list, read_video_list
 
     (tmp_path / "x.mp4").write_bytes(b"not decoded here")
     (tmp_path / "list.csv").write_text("path,caption\nx.mp4,one\nx.mp4,a, comma\nx.mp4,three\n")

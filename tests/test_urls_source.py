@@ -15,8 +15,8 @@ from test_source_ranges import reference_rows
 from core.config_io import ConfigError
 from pipeline.build import run_build
 from pipeline.config import BuildConfig, SourceConfig
-from pipeline.source_synth import laion_like_table, write_parquet_list
-from pipeline.source_urls import plan_urls, read_urls
+from pipeline.sources.synth import laion_like_table, write_parquet_list
+from pipeline.sources.urls import plan_urls, read_urls
 from stages.base import DROP
 
 

@@ -27,8 +27,8 @@ from stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from stages.lib.video_decode import plan_indices, sample_video, to_jpeg
 from stages.registry import build_stage
 from trainer.config import TrainConfig
-from trainer.data import ImageTransform, ShardDataset
-from trainer.manifest import read_manifest
+from trainer.data.dataset import ImageTransform, ShardDataset
+from trainer.data.manifest import read_manifest
 from trainer.models import build_model
 from trainer.train import train
 

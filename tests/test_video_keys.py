@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 from core.tario import iter_tar_samples, safe_key
 from pipeline.build import run_build
 from pipeline.config import BuildConfig, SourceConfig
-from pipeline.sources import plan_images, plan_videos
+from pipeline.sources.images import plan_images
+from pipeline.sources.partitions import plan_videos
 from pipeline.video_data import encode_video
 
 NAMES = {  # file -> frames at 24 fps
@@ -61,19 +62,8 @@ def test_images_named_like_clips_keep_their_keys(tmp_path):
 
 def test_clips_and_dropped_videos_never_share_a_key(ray_session, tmp_path):
     folder = video_folder(tmp_path / "in")
-    cfg = BuildConfig.model_validate(
-        {
-            "source": {"kind": "videos", "path": str(folder), "files_per_task": 2},
-            "stages": [{"name": "clip_split", "mode": "fixed", "window_s": 1.0, "min_clip_s": 0.5}],
-            "output": {"path": str(tmp_path / "out")},
-        }
-    )
-    manifest = run_build(cfg, progress=False)
-    written = []
-    for shard in manifest["shards"]:
-        with open(tmp_path / "out" / shard["name"], "rb") as f:
-            written += [sample["__key__"] for sample in iter_tar_samples(f)]
-    rows = pq.read_table(tmp_path / "out" / "signatures").to_pylist()
+    source = {"kind": "videos", "path": str(folder), "files_per_task": 2}
+    written, rows = split_build(source, tmp_path / "out")
     assert [k for k, n in Counter(r["key"] for r in rows).items() if n > 1] == []
     twice, twice_nested = safe_key("a_0000.mp4"), safe_key("a_0000_0001.mp4")
     clips = ["a_0000", "a_0001", f"{twice}_0000", f"{twice}_0001", f"{twice_nested}_0000"]
@@ -82,3 +72,55 @@ def test_clips_and_dropped_videos_never_share_a_key(ray_session, tmp_path):
     assert dropped == {safe_key("a_0001.mp4"): "no_clips"}
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert stats["stages"][1]["dropped"] == {"no_clips": 1}
+
+
+def test_a_webdataset_sample_named_like_a_clip_is_never_written_beside_it(ray_session, tmp_path):
+    """A tar's keys are not known before it is planned, so a sample `a_0001` beside the video
+    `a` cannot be renamed as a folder's file is. It is never written beside the clip `a_0001`:
+    clip_split drops what is not a video (`no_video`), and a second live sample of a key is
+    dropped by the repeated-keys round, so the shards' keys stay unique. Its signatures row
+    keeps its source key, told apart from the clip's by `parent` (the clip's video)."""
+    import io
+    import tarfile
+
+    (tmp_path / "in").mkdir()
+    members = {"a.mp4": encode_video(48, 24), "a.txt": b"two clips", "a_0001.txt": b"an image"}
+    members["a_0001.jpg"] = make_jpeg()
+    with tarfile.open(tmp_path / "in" / "shard-0.tar", "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    source = {"kind": "webdataset", "path": str(tmp_path / "in" / "*.tar")}
+    written, rows = split_build(source, tmp_path / "out")
+    assert sorted(written) == sorted(set(written))
+    assert set(written) == {"a_0000", "a_0001"}
+    dropped = [r for r in rows if r["drop_reason"]]
+    assert [(r["key"], r["drop_reason"]) for r in dropped] == [("a_0001", "no_video")]
+    assert sorted(str(r["parent"]) for r in rows if r["key"] == "a_0001") == ["None", "a"]
+
+
+def split_build(source: dict, out) -> tuple[list[str], list[dict]]:
+    """A clip_split build of `source` (1 s clips): the shards' keys, and the signatures rows."""
+    cfg = BuildConfig.model_validate(
+        {
+            "source": source,
+            "stages": [{"name": "clip_split", "mode": "fixed", "window_s": 1.0, "min_clip_s": 0.5}],
+            "output": {"path": str(out)},
+        }
+    )
+    written = []
+    for shard in run_build(cfg, progress=False)["shards"]:
+        with open(out / shard["name"], "rb") as f:
+            written += [sample["__key__"] for sample in iter_tar_samples(f)]
+    return written, pq.read_table(out / "signatures").to_pylist()
+
+
+def make_jpeg() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (32, 24), (200, 10, 10)).save(out, "JPEG")
+    return out.getvalue()

@@ -14,8 +14,8 @@ from core.config_io import ConfigError
 from core.tario import iter_tar_samples
 from pipeline.build import run_build
 from pipeline.config import BuildConfig, SourceConfig
-from pipeline.resume import build_identity, claim_output
-from pipeline.sources import plan_source, read_partition
+from pipeline.output.resume import build_identity, claim_output
+from pipeline.sources.partitions import plan_source, read_partition
 from stages.base import DROP
 
 

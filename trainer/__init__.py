@@ -1,13 +1,12 @@
 """Stream mmcurate shards into CLIP training, and evaluate CLIP models.
 
-Modules: `config` (typed train config), `manifest` (read a build's manifest.json), `plan`
-(each rank's epoch, pure), `reader` / `verify` / `cache` (shards streamed or through the NVMe
-cache, size and sha256 checked), `data` / `transform` / `ring` / `batch` (decode, batch, move
-batches through shared memory), `models` (open_clip models; registers `mmcurate-tiny`),
-`distributed` (the one place that reads RANK / WORLD_SIZE), `step` (loss, accumulation,
-optimizer), `prefetch` (device copies), `train_state` (checkpoints and resume), `run_log`
-(metrics.jsonl, sample logs, TensorBoard), `train` (the loop), `train_eval` (evaluation during
-training), `eval` / `eval_data` / `eval_tasks` / `eval_metrics` (`mmcurate eval`), `launch`
-(Ray Train), `cli` (`python -m trainer`). Importing this package itself stays cheap: torch and
-open_clip load only with the modules that need them.
+At the top: `config` (typed train config), `units` (byte sizes), `models` (open_clip models;
+registers `mmcurate-tiny`), `precision`, `outputs` (where a run's files live), `run_log`
+(metrics.jsonl, sample logs, TensorBoard), `checkpoint`, `step` (loss, accumulation,
+optimizer), `train_state` (loop state, checkpoint and resume), `train_data` (a run's loaders
+from its config), `train` (the loop), `launch` (Ray Train), `cli` (`python -m trainer`).
+Sub-packages: `data/` (the loader), `dist/` (ranks, FSDP, sharded checkpoints), `eval/`
+(`mmcurate eval`), `health/` (guards, alerts, GPU telemetry), `probe/` (`mmcurate probe`);
+each `__init__` says what it owns and may import. Importing this package itself stays cheap:
+torch and open_clip load only with the modules that need them.
 """

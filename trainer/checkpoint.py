@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
+from core.atomic import pid_gone, put_file_atomic
 from core.formats import CHECKPOINT_FORMAT
-from core.storage import filesystem, is_local, join, pid_gone, put_file_atomic
+from core.storage import filesystem, is_local, join
 
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 _PARTIAL = re.compile(r"^\.step-\d+\.pt\.tmp-(\d+)$")  # save_checkpoint's temporary name
@@ -162,7 +163,7 @@ def missing_train_keys(state: Any) -> list[str]:
     """What a resume needs that a loaded checkpoint lacks (all of it when not a dict)."""
     if not isinstance(state, dict):
         return list(TRAIN_KEYS)
-    # A sharded checkpoint's optimizer state is in its DCP folder (trainer/sharded.py).
+    # A sharded checkpoint's optimizer state is in its DCP folder (trainer/dist/sharded.py).
     needed = [k for k in TRAIN_KEYS if k != "optimizer" or "sharded" not in state]
     return [key for key in needed if key not in state]
 

@@ -9,7 +9,7 @@ import sys
 
 from core.config_io import ConfigError, add_overrides, one_line
 from trainer.config import load_train_config
-from trainer.manifest import ManifestError, read_manifest
+from trainer.data.manifest import ManifestError, read_manifest
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         for url in [cfg.data.manifest, *(entry.manifest for entry in cfg.data.mix)]:
             read_manifest(url, cfg.storage_options)
         if cfg.eval.enabled:  # the eval sets too (this imports torch)
-            from trainer.train_eval import eval_config_of, open_sets
+            from trainer.eval.in_training import eval_config_of, open_sets
 
             open_sets(eval_config_of(cfg))
         if cfg.launch.mode == "ray":
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     print(json.dumps(summary))
-    if summary.get("stopped"):  # health stopped the run (trainer/health.py)
+    if summary.get("stopped"):  # health stopped the run (trainer/health/checks.py)
         print(f"error: health: {summary['stopped']}", file=sys.stderr)
         return 1
     return 0

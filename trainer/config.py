@@ -53,7 +53,7 @@ class DataConfig(Strict):
     # as it streams, its samples held until it matched); a mismatch skips it, as the cache does.
     verify_shards: bool = True
     # square: today's loader (images cropped to the model's input; mmcurate train); bucketed:
-    # batches of one aspect_buckets bucket each, for SD-style scripts (trainer/buckets.py)
+    # batches of one aspect_buckets bucket each, for SD-style scripts (trainer/data/buckets.py)
     batching: Literal["square", "bucketed"] = "square"
 
     @property
@@ -120,9 +120,9 @@ class LaunchConfig(Strict):
 
 
 def eval_section(name: str, tree: dict[str, Any], where: str) -> Any:
-    """`tree` validated as `mmcurate eval`'s section model `name` (trainer/eval.py); imported
-    only when a run evaluates (it loads torch). A problem is a ConfigError at `where`."""
-    from trainer import eval_config
+    """`tree` validated as `mmcurate eval`'s section model `name` (trainer/eval/config.py);
+    imported only when a run evaluates (it loads torch). A problem is a ConfigError at `where`."""
+    from trainer.eval import config as eval_config
 
     try:
         return getattr(eval_config, name).model_validate(tree)
@@ -131,7 +131,7 @@ def eval_section(name: str, tree: dict[str, Any], where: str) -> Any:
 
 
 class TrainEval(Strict):
-    """Evaluation during training (trainer/train_eval.py): `mmcurate eval`'s retrieval and
+    """Evaluation during training (trainer/eval/in_training.py): `mmcurate eval`'s retrieval and
     zero-shot tasks on the model being trained, logged as `eval/<metric>`. Off unless
     `manifest` or `zeroshot` is set."""
 
@@ -168,19 +168,19 @@ class TrainEval(Strict):
         return self
 
     def retrieval_task(self) -> Any:
-        """The retrieval section of `mmcurate eval` (trainer.eval.RetrievalTask), or None."""
+        """The retrieval section of `mmcurate eval` (trainer.eval.config.RetrievalTask), or None."""
         if self.manifest is None:
             return None
         fields = ("manifest", "captions_field", "image_id_field", "recall_at")
         return eval_section("RetrievalTask", {k: getattr(self, k) for k in fields}, "eval")
 
     def zeroshot_task(self) -> Any:
-        """The zeroshot section of `mmcurate eval` (trainer.eval.ZeroshotTask), or None."""
+        """The zeroshot section of `mmcurate eval` (trainer.eval.config.ZeroshotTask), or None."""
         return None if self.zeroshot is None else eval_section("ZeroshotTask", self.zeroshot, "")
 
 
 class HealthConfig(Strict):
-    """Guards of the training loop (trainer/health.py)."""
+    """Guards of the training loop (trainer/health/checks.py)."""
 
     enabled: bool = True  # check every step's loss and gradient norm (one host sync a step)
     max_skipped: int = Field(3, gt=0)  # non-finite steps in a row before `action`
@@ -215,7 +215,7 @@ def is_http_url(value: str) -> bool:
 
 
 class AlertsConfig(Strict):
-    """JSON POSTs about the run's health (trainer/alerts.py); rank 0 sends them."""
+    """JSON POSTs about the run's health (trainer/health/alerts.py); rank 0 sends them."""
 
     webhook: str | None = None  # http(s) URL; each event is one JSON POST
     run_name: str | None = None  # `run` in each event (default: run.output's folder name)
@@ -247,7 +247,7 @@ THROTTLE_REASONS = {
 
 
 class TelemetryConfig(Strict):
-    """GPU health telemetry (trainer/telemetry.py), sampled off the training thread."""
+    """GPU health telemetry (trainer/health/telemetry.py), sampled off the training thread."""
 
     enabled: bool = False  # sample every GPU of the node (local rank 0 of each node)
     every_s: float = Field(10.0, gt=0)  # seconds between samples
@@ -282,7 +282,7 @@ MAX_PROBE_BATCH = 2**24  # a rung past this is no batch size but a typo (and ove
 
 
 class ProbeConfig(Strict):
-    """`mmcurate probe` (trainer/probe.py): the batch-size ladder and the sizing targets."""
+    """`mmcurate probe` (trainer/probe/run.py): the batch-size ladder and the sizing targets."""
 
     batch_sizes: list[Annotated[int, Field(gt=0, le=MAX_PROBE_BATCH)]] = Field(  # the ladder
         [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], min_length=1
@@ -322,7 +322,7 @@ class TrainConfig(Strict):
         if value.batching == "bucketed":  # the CLIP loop needs one square input size
             raise ValueError(
                 "batching: bucketed is for SD-style training scripts "
-                "(trainer.buckets.loader_from_config), not mmcurate train (square images)"
+                "(trainer.data.buckets.loader_from_config), not mmcurate train (square images)"
             )
         return value
 

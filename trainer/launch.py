@@ -21,8 +21,8 @@ from typing import Any
 
 from core.storage import filesystem, join
 from trainer.config import TrainConfig
-from trainer.distributed import RESTARTS_ENV
-from trainer.health import FAULTS_ENV
+from trainer.dist.world import RESTARTS_ENV
+from trainer.health.checks import FAULTS_ENV
 from trainer.outputs import is_remote
 
 

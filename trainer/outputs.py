@@ -16,14 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from core.storage import (
-    filesystem,
-    join,
-    protocol_of,
-    put_file_atomic,
-    remove_tree,
-    with_retries,
-)
+from core.atomic import put_file_atomic
+from core.storage import filesystem, join, protocol_of, remove_tree, with_retries
 
 MIRRORS = Path("~/.cache/mmcurate/runs")
 

@@ -19,10 +19,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from core.config_io import ConfigError
 from trainer.config import OptimConfig, TrainConfig
-from trainer.data import Batch
-from trainer.distributed import Dist
-from trainer.fsdp import average_replicated_grads, is_fsdp, shard_model
-from trainer.fsdp import gradient_norm as sharded_gradient_norm
+from trainer.data.dataset import Batch
+from trainer.dist.fsdp import average_replicated_grads, is_fsdp, shard_model
+from trainer.dist.fsdp import gradient_norm as sharded_gradient_norm
+from trainer.dist.world import Dist
 from trainer.models import build_model
 from trainer.precision import autocast  # noqa: F401  (re-exported: trainer.train names it)
 
@@ -115,7 +115,7 @@ def contrastive_loss(parts: Parts, out: dict) -> torch.Tensor:
 
 
 # Called between backward and the optimizer step with (loss, gradient norm), both on the
-# device; True takes the step, False skips it (no weight update). trainer/health.py's guard.
+# device; True takes the step, False skips it (no weight update). trainer/health/checks.py's guard.
 StepGuard = Callable[[torch.Tensor, torch.Tensor], bool]
 
 

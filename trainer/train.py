@@ -7,19 +7,19 @@ every evaluation and at the end. Each line covers the steps since the previous o
 their mean (rank 0's), `samples_per_s` their throughput over all ranks, `data_wait_frac` the
 share of their wall time rank 0 spent waiting for the next batch (near 0: compute-bound; near
 1: the input pipeline is the bottleneck). `samples` and `step` are totals; an evaluation adds
-its metrics as `eval/<name>` (trainer/train_eval.py). Checkpoints go to
+its metrics as `eval/<name>` (trainer/eval/in_training.py). Checkpoints go to
 `<run.output>/checkpoints/step-<N>.pt` and hold the loader's position: a resumed run sees
 exactly the samples the stopped one had not yet trained on. `run.output` may be an object-store
 URL (trainer/outputs.py says how its logs get there).
 
 Distributed: under torchrun (or Ray Train, trainer/launch.py) every rank runs `train`; the
-process group comes from the environment (trainer/distributed.py).
+process group comes from the environment (trainer/dist/world.py).
 
-The parts: distributed.py (the `Dist` value), step.py (loss, accumulation, optimizer),
-prefetch.py (batches onto the device), train_state.py (loop state, checkpoint and resume),
-run_log.py (metrics, TensorBoard, sample logs), train_eval.py (evaluation), health.py and
-guard.py (non-finite and loss-spike guards, restores, alerts.py's webhook); this module builds
-them and runs the loop.
+The parts: dist/world.py (the `Dist` value), step.py (loss, accumulation, optimizer),
+data/prefetch.py (batches onto the device), train_state.py (loop state, checkpoint and
+resume), run_log.py (metrics, TensorBoard, sample logs), eval/in_training.py (evaluation),
+health/ (non-finite and loss-spike guards, restores, the webhook alerts, GPU telemetry); this
+module builds them and runs the loop.
 """
 
 from __future__ import annotations
@@ -35,18 +35,20 @@ from tqdm import tqdm
 
 from core.config_io import ConfigError
 from core.storage import join
-from trainer import sharded
-from trainer.cache import check_cache_dir
 from trainer.checkpoint import checkpoint_path, checkpoint_step
 from trainer.config import TrainConfig
-from trainer.data import Batch, ShardDataset
-from trainer.distributed import Dist, barrier, leave, setup_distributed
-from trainer.fsdp import weights_and_optimizer
-from trainer.guard import Alerts, Guard, open_alerts
+from trainer.data.cache import check_cache_dir
+from trainer.data.dataset import Batch, ShardDataset
+from trainer.data.plan import batches_per_rank
+from trainer.data.prefetch import DevicePrefetcher, timed
+from trainer.dist import sharded
+from trainer.dist.fsdp import weights_and_optimizer
+from trainer.dist.world import Dist, barrier, leave, setup_distributed
+from trainer.eval.in_training import Evaluator, open_evaluator
+from trainer.health.guard import Alerts, Guard, open_alerts
+from trainer.health.telemetry import Telemetry, open_telemetry
 from trainer.models import resolve_weights
 from trainer.outputs import RunLogs
-from trainer.plan import batches_per_rank
-from trainer.prefetch import DevicePrefetcher, timed
 from trainer.run_log import LogFiles, Meter, require_tensorboard, tensorboard_writer, trim_log
 from trainer.step import (
     Parts,
@@ -59,7 +61,6 @@ from trainer.step import (
     lr_of,
     planned_steps,
 )
-from trainer.telemetry import Telemetry, open_telemetry
 from trainer.train_data import (
     DEFAULT_CACHE_LIMIT,
     make_dataset,
@@ -67,7 +68,6 @@ from trainer.train_data import (
     read_sources,
     training_transport,
 )
-from trainer.train_eval import Evaluator, open_evaluator
 from trainer.train_state import (
     LoopState,
     announce_restart,

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import TrainConfig
-from trainer.data import ImageTransform, ShardDataset, make_loader
-from trainer.distributed import Dist
-from trainer.manifest import Manifest, read_manifest
-from trainer.resplit import ResplitDataset
-from trainer.ring import Transport, transport
+from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from trainer.data.manifest import Manifest, read_manifest
+from trainer.data.resplit import ResplitDataset
+from trainer.data.ring import Transport, transport
+from trainer.dist.world import Dist
 
 DEFAULT_CACHE_LIMIT = 100 * 10**9  # when cache_dir is set without cache_limit
 
@@ -55,7 +55,7 @@ def make_dataset(
 
 def training_transport(cfg: TrainConfig, device_type: str) -> Transport:
     """The loader's transport for a run on `device_type` ("cpu" or "cuda"): a pure function
-    of the config, so a CPU test checks the very choice a GPU run makes (trainer/ring.py)."""
+    of the config, so a CPU test checks the very choice a GPU run makes (trainer/data/ring.py)."""
     data = cfg.data
     return transport(device_type, data.workers, cfg.optim.accum_freq, data.gpu_decode)
 
@@ -63,6 +63,6 @@ def training_transport(cfg: TrainConfig, device_type: str) -> Transport:
 def make_training_loader(cfg: TrainConfig, dataset: ShardDataset, place: Dist) -> Any:
     """The same loader on the CPU and on CUDA: the loader's own workers and their
     shared-memory rings (a DataLoader only for data.gpu_decode or no workers). On CUDA,
-    DevicePrefetcher copies each view to the device on a side stream (trainer/prefetch.py)."""
+    DevicePrefetcher copies each view to the device on a side stream (trainer/data/prefetch.py)."""
     how = training_transport(cfg, place.device.type)
     return make_loader(dataset, cfg.data.workers, pin_memory=how.pin_memory, hold=how.hold)

@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from core.config_io import ConfigError
 from core.storage import join
-from trainer import sharded
 from trainer.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointUnreadable,
@@ -32,12 +31,13 @@ from trainer.checkpoint import (
     sweep_partial_saves,
 )
 from trainer.config import TrainConfig
-from trainer.distributed import Dist, barrier, from_rank0
-from trainer.fsdp import is_fsdp, load_weights_and_optimizer, weights_and_optimizer
-from trainer.manifest import read_manifest
+from trainer.data.manifest import read_manifest
+from trainer.data.resplit import Split, saved_splits
+from trainer.dist import sharded
+from trainer.dist.fsdp import is_fsdp, load_weights_and_optimizer, weights_and_optimizer
+from trainer.dist.world import Dist, barrier, from_rank0
 from trainer.models import open_clip_state_dict
 from trainer.outputs import remove_run
-from trainer.resplit import Split, saved_splits
 from trainer.step import Parts
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def save_state(
     weights are also under `state_dict` as plain open_clip loads them (the same tensors: saved
     once), so `create_model_and_transforms(name, pretrained=PATH)` takes the file as it is.
     `gathered`: (model, optimizer) state already gathered from the ranks (strategy fsdp:
-    no optimizer, it is in the DCP folder `sharded`, trainer/sharded.py)."""
+    no optimizer, it is in the DCP folder `sharded`, trainer/dist/sharded.py)."""
     weights, optimizer = gathered or weights_and_optimizer(parts)
     where = {"optimizer": optimizer} if sharded is None else {"sharded": sharded}
     return save_checkpoint(
@@ -341,7 +341,7 @@ def announce_restart(alerts: Any, place: Dist, state: LoopState, previous: str |
 
 def save_shards(parts: Parts, cfg: TrainConfig, step: int) -> str | None:
     """strategy fsdp: every rank writes its model and optimizer shards to the step's DCP
-    folder (trainer/sharded.py); returns its name for rank 0's `step-<N>.pt`."""
+    folder (trainer/dist/sharded.py); returns its name for rank 0's `step-<N>.pt`."""
     if not is_fsdp(parts.model):
         return None
     name = sharded.folder_name(step)
@@ -352,7 +352,7 @@ def save_shards(parts: Parts, cfg: TrainConfig, step: int) -> str | None:
 
 def carry_epoch(dataset: Any, state: LoopState) -> None:
     """A resume that re-splits its epoch over another layout: the dataset plans the rest
-    (trainer/resplit.py); a rest too short for one step of every rank moves on to the next
+    (trainer/data/resplit.py); a rest too short for one step of every rank moves on to the next
     epoch (its samples left out, as an epoch's tail is)."""
     if state.carried and dataset.carry(state.epoch, state.carried) == 0:
         log.warning("run.resume: the rest of epoch %d holds no full step: next epoch", state.epoch)

@@ -1,6 +1,6 @@
 """How long a ready batch takes to reach a sleeping training thread while the loader workers
 keep both cores busy, with the workers at the normal policy and at SCHED_BATCH (what
-trainer/data.py sets). Tiny items, so only the handover is measured.
+trainer/data/dataset.py sets). Tiny items, so only the handover is measured.
 
     .venv/bin/python bench/loaders/handover.py [--rounds 2]
 """

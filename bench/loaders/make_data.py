@@ -22,7 +22,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 from photos import make_photos  # noqa: E402
 
-from pipeline.objectstore import loopback_only_env  # noqa: E402
+from pipeline.runtime.loopback import loopback_only_env  # noqa: E402
 
 os.environ.update(loopback_only_env())  # before Ray loads: nothing leaves loopback
 

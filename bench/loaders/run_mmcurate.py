@@ -51,7 +51,7 @@ def in_background(batches, depth: int = 2):
     CUDA), so the training thread does not pay the ~3 ms a batch that receiving and freeing
     a batch cost it otherwise (measured here)."""
 
-    from trainer.data import Batch
+    from trainer.data.dataset import Batch
 
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -112,7 +112,7 @@ def main() -> None:
     # --gpu-like: batches stay uint8, as a GPU trainer receives them (it normalizes on the
     # GPU); for the stall measurement of a simulated GPU step on this CPU-only machine.
     # --no-ring: batches in a fresh shared-memory segment each, as a plain DataLoader passes
-    # them (for the before/after of trainer/ring.py).
+    # them (for the before/after of trainer/data/ring.py).
     gpu_like, ring = flag("--gpu-like"), not flag("--no-ring")
     if gpu_like:
         common.check_batch = check_uint8_batch
@@ -120,8 +120,8 @@ def main() -> None:
     args = common.parse_args(name if ring else f"{name}-no-ring")
     import torch
 
-    from trainer.data import ImageTransform, ShardDataset, make_loader
-    from trainer.manifest import read_manifest
+    from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+    from trainer.data.manifest import read_manifest
     from trainer.train import DevicePrefetcher
 
     torch.set_num_threads(1)  # as a training process next to its loader workers would

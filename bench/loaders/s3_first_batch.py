@@ -22,7 +22,7 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 
 import common  # noqa: E402
 
-from pipeline.objectstore import LocalS3  # noqa: E402
+from pipeline.runtime.objectstore import LocalS3  # noqa: E402
 
 
 def upload(store: LocalS3, folder: Path, prefix: str) -> None:

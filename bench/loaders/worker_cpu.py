@@ -29,8 +29,8 @@ def main() -> None:
     import common
     import torch
 
-    from trainer.data import ImageTransform, ShardDataset
-    from trainer.manifest import read_manifest
+    from trainer.data.dataset import ImageTransform, ShardDataset
+    from trainer.data.manifest import read_manifest
 
     torch.set_num_threads(1)  # as in a loader worker
     preprocess, tokenizer = common.transform(args.model)

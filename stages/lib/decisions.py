@@ -1,4 +1,4 @@
-"""How a global stage's decision runs over partitioned signatures (pipeline/decide.py).
+"""How a global stage's decision runs over partitioned signatures (pipeline/decide/phase_b.py).
 
 A stage's `decide_plan()` returns one of these, or None: then the build gathers the live rows'
 `decide_columns` into one task and calls its whole-table `decide()` there.

@@ -1,0 +1,62 @@
+"""The done markers of a build's tasks (a partition's, a shard's), which a rerun trusts only when
+they name its build and a run it trusts (pipeline/output/resume.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from core.atomic import write_bytes_atomic
+from core.storage import cat_many, filesystem, join
+
+if TYPE_CHECKING:
+    from pipeline.output.resume import Claim
+
+
+def part_marker(work_url: str, part: int) -> str:
+    """Written just before the partition's signatures (its completion mark): who wrote them."""
+    return join(work_url, "parts", f"part-{part:06d}.json")
+
+
+def shard_marker(work_url: str, name: str) -> str:
+    return join(work_url, "shards", name.replace(".tar", ".json"))
+
+
+ENTRY_KEYS = ("name", "samples", "bytes", "sha256")  # a shard's manifest entry
+
+
+def mark(claim: Claim, url: str, record: dict[str, Any]) -> None:
+    """A done marker: `record` plus this build's id and this run's."""
+    fs, path = filesystem(url, claim.storage_options)
+    write_bytes_atomic(fs, path, json.dumps(record | claim.stamp()).encode())
+
+
+def done_parts(claim: Claim) -> set[int]:
+    """Partitions whose signatures exist and whose marker names this build and a run it trusts."""
+    fs, folder = filesystem(join(claim.work_url, "signatures"), claim.storage_options)
+    fs.invalidate_cache(folder)  # other processes wrote there: never trust a cached listing
+    found = fs.glob(join(folder, "part-*.parquet")) if fs.exists(folder) else []
+    signed = {path.rpartition("/")[2].removesuffix(".parquet") for path in found}
+    return {int(name[5:]) for name in done_records(claim, "parts") if name in signed}
+
+
+def done_shards(claim: Claim) -> dict[str, dict]:
+    """Manifest entries of final shards already written by this build and a run it trusts."""
+    records = done_records(claim, "shards").values()
+    return {r["name"]: {key: r[key] for key in ENTRY_KEYS} for r in records}
+
+
+def done_records(claim: Claim, folder: str) -> dict[str, dict]:
+    """The markers in `_work/<folder>/` that name this build and a run it trusts, by name."""
+    fs, path = filesystem(join(claim.work_url, folder), claim.storage_options)
+    fs.invalidate_cache(path)
+    paths = fs.glob(join(path, "*.json")) if fs.exists(path) else []
+    found = {}
+    for name, blob in cat_many(fs, paths).items():
+        try:
+            record = json.loads(blob) if isinstance(blob, bytes) else None
+        except ValueError:
+            continue  # not a marker of ours
+        if claim.trusts(record):
+            found[name.rpartition("/")[2].removesuffix(".json")] = record
+    return found

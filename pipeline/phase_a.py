@@ -1,0 +1,149 @@
+"""Phase A: one partition per task. Read it in chunks (pipeline/sources/), run the per-sample
+stages, write the live samples into the partition's candidate tar as they arrive
+(pipeline/output/candidates.py), then its metadata, its marker and, last, one signature row per
+input sample (no media): the signatures file marks the partition done."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from functools import partial
+
+from core.atomic import write_parquet
+from core.spill import Spilled, remove_folder, set_task_folder, spill_folder, sweep_folders
+from core.storage import join
+from pipeline.config import BuildConfig
+from pipeline.output.candidates import ClaimLost, noted, run_chain, write_candidate
+from pipeline.output.markers import done_parts, mark, part_marker
+from pipeline.output.media_index import (
+    Index,
+    PartitionMedia,
+    finish_partition,
+    partition_done,
+    start_run_index,
+)
+from pipeline.output.resume import Claim
+from pipeline.output.shard_metadata import candidate_metadata, metadata_name
+from pipeline.output.shards import candidate_name
+from pipeline.output.signatures import signature_table
+from pipeline.runtime.actors import RemoteEncoder, start_pools, stop_pools
+from pipeline.runtime.session import fitted_memory, run_tasks
+from pipeline.sources.partitions import read_chunks
+from pipeline.sources.samples import Reading
+from stages.base import DROP, Stage
+from stages.registry import build_stages, stage_order
+
+log = logging.getLogger("mmcurate.build")
+
+
+def phase_a(
+    cfg: BuildConfig, stages: list[Stage], parts: list[dict], claim: Claim, progress: bool
+) -> None:
+    """Process the partitions not done by an earlier run of this build (each writes its
+    signatures file). Model stages that want an actor pool get one for this phase."""
+    claim.check()
+    done = done_parts(claim)
+    todo = [p for p in parts if p["part"] not in done]
+    if done:
+        log.info("resuming: %d of %d partitions already done", len(done), len(parts))
+    encoders = start_pools(stages) if todo else {}  # stops its own pools if it fails
+    index = None
+    try:
+        index = start_run_index(claim, done, todo, cfg.output)
+        client = None if index is None else index.client  # plain data, for the tasks
+        task = partial(partition_task, cfg=cfg, claim=claim, encoders=encoders, media=client)
+        arrived = partial(partition_done, run_index=index, todo=todo)
+        memory = fitted_memory(cfg)
+        held = run_tasks(todo, task, "partitions", progress, cfg.ray.resources, memory, arrived)
+    finally:
+        stop_pools(encoders)
+        if index is not None:
+            index.stop()
+    stopped(claim, held)
+
+
+def stopped(claim: Claim, results: list) -> None:
+    """TookOver when another run took the claim (a task found it gone and stopped)."""
+    claim.check()
+    if None in results:
+        raise claim.lost()
+
+
+def partition_task(
+    part: dict,
+    cfg: BuildConfig,
+    claim: Claim,
+    encoders: dict[int, RemoteEncoder],
+    media: Index | None = None,
+) -> int | None:
+    """Ray task body: one partition, with the worker's stages; a model stage served by an
+    actor pool gets the pool's encoder, starting its turns at this partition. None (nothing
+    done) once another run holds the output."""
+    if not claim.holds():
+        return None
+    stages = [
+        stage.served_by(encoders[stage.index].starting_at(part["part"]))
+        if stage.index in encoders
+        else stage
+        for stage in worker_stages(cfg)
+    ]
+    return process_partition(part, cfg, stages, claim, media)
+
+
+_WORKER_STAGES: dict[str, list[Stage]] = {}
+
+
+def worker_stages(cfg: BuildConfig) -> list[Stage]:
+    """Stages in execution order, built once per worker process and config (set-up, e.g. a
+    model load, is paid once)."""
+    key = cfg.model_dump_json(include={"stages"})
+    if key not in _WORKER_STAGES:
+        _WORKER_STAGES.clear()
+        _WORKER_STAGES[key] = stage_order(build_stages(cfg.stages))
+    return _WORKER_STAGES[key]
+
+
+def process_partition(
+    part: dict, cfg: BuildConfig, stages: list[Stage], claim: Claim, index: Index | None = None
+) -> int | None:
+    """Candidates, their metadata, who wrote them (the marker), then the signatures: written
+    last, they mark it done. Written only while this run still holds the output (else None).
+    The partition streams through in chunks (`source.chunk_bytes`); media above
+    `source.spill_bytes` wait on local disk, in a spill folder of this task's own."""
+    sweep_folders()  # those of killed workers
+    folder = spill_folder()
+    set_task_folder(folder)
+    try:
+        return write_partition(part, cfg, stages, claim, folder, index)
+    finally:
+        set_task_folder(None)
+        remove_folder(folder)
+
+
+def write_partition(
+    part: dict, cfg: BuildConfig, stages: list[Stage], claim: Claim, spill: str, index: Index | None
+) -> int | None:
+    """Stored payloads are referred to (pipeline/output/media_index.py), registered once done."""
+    src = cfg.source
+    reading = Reading(cfg.ray.batch_size, src.chunk_bytes, src.spill_bytes, spill)
+    inputs: deque[list[Spilled]] = deque()  # each chunk's Spilled values as it was read
+    chunks = map(partial(noted, inputs=inputs), read_chunks(part, cfg.storage_options, reading))
+    folder = join(claim.work_url, "candidates")
+    url = join(folder, candidate_name(part["part"]))
+    media = None if index is None else PartitionMedia(part["part"], index)
+    try:
+        chain = run_chain(chunks, stages)
+        rows = write_candidate(chain, inputs, url, cfg.storage_options, claim, media)
+    except ClaimLost:
+        return None
+    live = [row for row in rows if row[DROP] is None]  # key, caption, json: shard metadata
+    write_parquet(
+        candidate_metadata(live), join(folder, metadata_name(part["part"])), cfg.storage_options
+    )
+    record = {"part": part["part"]} | finish_partition(media, folder, cfg.storage_options)
+    mark(claim, part_marker(claim.work_url, part["part"]), record)
+    signatures_url = join(claim.work_url, "signatures", f"part-{part['part']:06d}.parquet")
+    write_parquet(signature_table(rows), signatures_url, cfg.storage_options)
+    if media is not None:
+        media.register()  # pending until the driver has this task's result
+    return len(rows)

@@ -1,0 +1,150 @@
+"""`strategy: fsdp`: the model and its optimizer state sharded over the ranks with PyTorch's
+FSDP2 (`fully_shard`): each transformer block is one unit (its parameters gathered just
+before its forward and backward, its gradients reduce-scattered after), the root holds the
+rest.
+
+Two things differ from DDP, and this module holds them:
+- FSDP2 shards along dim 0 and takes no scalar parameter: `logit_scale` (and SigLIP's
+  `logit_bias`) stay out of the shards, replicated on every rank, and their gradients are
+  averaged here after backward (what DDP would have done for them).
+- Parameters are DTensors: the gradient norm sums the squares of each rank's shards (one
+  all-reduce). Checkpoints gather the full weights for the plain open_clip export (a
+  collective call on every rank); the model and optimizer shards go to a DCP folder
+  (trainer/dist/sharded.py), which loads on any number of ranks.
+
+On CUDA, `run.precision` bf16 or fp16 becomes a MixedPrecisionPolicy (parameters cast for
+compute, gradients reduced in fp32); on the CPU everything stays fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from core.config_io import ConfigError
+from trainer.dist.world import Dist
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def is_fsdp(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """optim.zero's ZeroRedundancyOptimizer (each rank holds its share of the state)."""
+    return type(optimizer).__name__ == "ZeroRedundancyOptimizer"
+
+
+def scalar_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.ndim == 0]
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks each made one FSDP unit: open_clip's residual attention blocks."""
+    from open_clip.transformer import ResidualAttentionBlock
+
+    return [m for m in model.modules() if isinstance(m, ResidualAttentionBlock)]
+
+
+def mixed_precision(precision: str, device: torch.device) -> MixedPrecisionPolicy:
+    if device.type != "cuda" or precision not in DTYPES:
+        return MixedPrecisionPolicy()  # fp32 throughout
+    return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
+
+
+def shard_model(model: torch.nn.Module, place: Dist, precision: str) -> torch.nn.Module:
+    """`model` sharded in place over all ranks (its class becomes an FSDPModule)."""
+    mesh = init_device_mesh(place.device.type, (place.world,))
+    policy = mixed_precision(precision, place.device)
+    ignored = set(scalar_parameters(model))
+    for unit in shard_units(model):
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+    return model
+
+
+def average_replicated_grads(model: torch.nn.Module, world: int) -> None:
+    """The mean over ranks of the unsharded parameters' gradients (one all-reduce)."""
+    grads = [p.grad for p in scalar_parameters(model) if p.grad is not None]
+    if world == 1 or not grads:
+        return
+    flat = torch.stack([g.reshape(()) for g in grads]).float()
+    dist.all_reduce(flat)
+    for grad, total in zip(grads, flat / world, strict=True):
+        grad.copy_(total.to(grad.dtype))
+
+
+def gradient_norm(model: torch.nn.Module) -> torch.Tensor:
+    """The total L2 norm of all gradients: the sharded ones' squares summed over ranks, the
+    replicated ones (the same on every rank after averaging) counted once."""
+    sharded = torch.zeros((), device=next(model.parameters()).device)
+    replicated = torch.zeros_like(sharded)
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if isinstance(p.grad, DTensor):
+            sharded += p.grad.to_local().float().pow(2).sum()
+        else:
+            replicated += p.grad.float().pow(2).sum()
+    dist.all_reduce(sharded)
+    return (sharded + replicated).sqrt()
+
+
+def load_full_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
+) -> None:
+    """Load a full (gathered) model and optimizer state into the shards of this rank (every
+    rank holds the whole state, read from the checkpoint)."""
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, state["model"], options=options)
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+
+
+def weights_and_optimizer(parts: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(model state, optimizer state) to checkpoint: the plain ones; for FSDP the model's
+    gathered on rank 0 (a collective call: every rank calls it) and None for the optimizer,
+    whose shards go to the DCP folder (trainer/dist/sharded.py)."""
+    if is_zero(parts.optimizer):  # its shards gathered on rank 0 (a collective call)
+        parts.optimizer.consolidate_state_dict(to=0)
+        optimizer = parts.optimizer.state_dict() if dist.get_rank() == 0 else {}
+        return parts.core.state_dict(), optimizer
+    if not is_fsdp(parts.model):
+        return parts.core.state_dict(), parts.optimizer.state_dict()
+    return get_model_state_dict(parts.model, options=FULL), None
+
+
+def load_weights_and_optimizer(
+    parts: Any, ckpt: dict[str, Any], path: str | None = None, storage_options: Any = None
+) -> None:
+    """A checkpoint's model and optimizer into `parts`, sharded or not: from the DCP folder
+    a sharded checkpoint (at `path`) names, resharded to this world; else from the file
+    (every rank reads the whole of it). An FSDP run's optimizer state is keyed by names."""
+    if "sharded" in ckpt and is_zero(parts.optimizer):
+        raise ConfigError(
+            "optim.zero: a sharded (strategy fsdp) checkpoint resumes with optim.zero off"
+        )
+    if "sharded" in ckpt:
+        from trainer.dist import sharded
+
+        sharded.load(parts.model, parts.optimizer, sharded.folder_of(path, ckpt), storage_options)
+        return
+    named = any(isinstance(key, str) for key in ckpt["optimizer"].get("state", {}))
+    if is_fsdp(parts.model) or named:
+        load_full_state(parts.model, parts.optimizer, ckpt)
+        return
+    parts.core.load_state_dict(ckpt["model"])
+    parts.optimizer.load_state_dict(ckpt["optimizer"])
