@@ -75,29 +75,12 @@ IMAGE_TOKEN = 50265  # where blip2-opt-2.7b's processor puts <image>
 
 def full_tokenizer():  # -> PreTrainedTokenizerFast
     """A word-level tokenizer with OPT-2.7B's vocab size: the test's words, then fillers."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    from tests.tiny_blip2 import SPECIALS, WORDS
+    from tests.tiny_blip2 import SPECIALS, WORDS, word_tokenizer
 
     names = [s for s in SPECIALS if s != "<image>"] + WORDS
     names += [f"w{i}" for i in range(IMAGE_TOKEN - len(names))]
     names += ["<image>"] + [f"x{i}" for i in range(OPT_2_7B["vocab_size"] - IMAGE_TOKEN - 1)]
-    vocab = {token: i for i, token in enumerate(names)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        additional_special_tokens=["<image>"],
-    )
+    return word_tokenizer(names)
 
 
 def save_full(folder: Path, device: str, dtype: torch.dtype) -> Path:

@@ -16,10 +16,16 @@ IMAGE_SIDE = 32
 
 
 def tiny_tokenizer():  # -> PreTrainedTokenizerFast
+    return word_tokenizer([*SPECIALS, *WORDS])
+
+
+def word_tokenizer(names: list[str]):  # -> PreTrainedTokenizerFast
+    """A word-level tokenizer over `names` (ids in order; SPECIALS among them), as OPT's
+    processor expects: `<s>` prepended, words joined with spaces when decoded."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate([*SPECIALS, *WORDS])}
+    vocab = {token: i for i, token in enumerate(names)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
