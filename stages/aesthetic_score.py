@@ -17,23 +17,19 @@ import os
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 from pydantic import Field
 
 from core.config_io import ConfigError
-from core.mapreduce import Runner
 from core.spill import media_bytes, media_size
 from stages.base import Columns, ModelOptions, ModelStage, Stage, register
 from stages.clip_score import (
+    KeepsTopFraction,
     mean_per_sample,
     picture_batches,
     pictures_of,
-    top_fraction_decisions,
     with_fields,
 )
 from stages.lib.aesthetic_head import AestheticHead, load_head
-from stages.lib.decisions import TopFraction
-from stages.lib.dedupe_common import Decisions, live_rows
 
 TOP_REASON = "below_aesthetic_top_fraction"
 READ_MAX = 256 << 20  # a spilled picture is read whole (it may go to an actor) only below this
@@ -52,12 +48,13 @@ class AestheticScoreOptions(ModelOptions):
 
 
 @register
-class AestheticScore(ModelStage):
+class AestheticScore(KeepsTopFraction, ModelStage):
     name = "aesthetic_score"
     Options = AestheticScoreOptions
     produces = frozenset({"aesthetic_score"})
     is_global = True  # keep_top_fraction; also keeps it after a clip_score listed before it
     shared = False  # set by registry.build_stages: an earlier clip_score embeds with our model
+    top_column, top_reason = "aesthetic_score", TOP_REASON
 
     def share_embeddings(self, earlier: list[Stage]) -> None:
         """Reuse the `embedding` of an earlier stage with this model; then no pool is needed."""
@@ -152,21 +149,6 @@ class AestheticScore(ModelStage):
 
         opts = self.options
         return cached_model(opts.model, opts.pretrained, opts.device, opts.precision)
-
-    def decides(self) -> bool:
-        return self.options.keep_top_fraction is not None
-
-    def decide_plan(self) -> TopFraction | None:
-        fraction = self.options.keep_top_fraction
-        return None if fraction is None else TopFraction("aesthetic_score", fraction, TOP_REASON)
-
-    def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
-        """The whole-table form of the top fraction (the build runs `decide_plan`'s)."""
-        fraction = self.options.keep_top_fraction
-        live = live_rows(signatures, "aesthetic_score")
-        if fraction is None or not live.num_rows:
-            return {}
-        return top_fraction_decisions(live, fraction, "aesthetic_score", TOP_REASON)
 
 
 def embedding_dim(model: str) -> int | None:

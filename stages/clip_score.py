@@ -17,7 +17,7 @@ no image goes through the model twice.
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -79,8 +79,35 @@ class ClipScoreOptions(ModelOptions):
         return self
 
 
+class KeepsTopFraction:
+    """`keep_top_fraction` for a stage that writes a score column: the global decision keeping
+    exactly the top share of the live rows by `top_column`, the rest dropped as `top_reason`
+    (listed before the stage's base class, so these override Stage's defaults)."""
+
+    top_column = "clip_score"
+    top_reason = TOP_REASON
+    options: Any
+
+    def decides(self) -> bool:
+        return self.options.keep_top_fraction is not None
+
+    def decide_plan(self) -> TopFraction | None:
+        fraction = self.options.keep_top_fraction
+        if fraction is None:
+            return None
+        return TopFraction(self.top_column, fraction, self.top_reason)
+
+    def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
+        """The whole-table form of the top fraction (the build runs `decide_plan`'s)."""
+        fraction = self.options.keep_top_fraction
+        live = live_rows(signatures, self.top_column)
+        if fraction is None or not live.num_rows:
+            return {}
+        return top_fraction_decisions(live, fraction, self.top_column, self.top_reason)
+
+
 @register
-class ClipScore(ModelStage):
+class ClipScore(KeepsTopFraction, ModelStage):
     name = "clip_score"
     produces = frozenset({"clip_score", "embedding", "text_embedding"})
     Options = ClipScoreOptions
@@ -188,20 +215,6 @@ class ClipScore(ModelStage):
         if opts.max_score is not None and score > opts.max_score:
             return "high_clip_score"
         return None
-
-    def decides(self) -> bool:
-        return self.options.keep_top_fraction is not None
-
-    def decide_plan(self) -> TopFraction | None:
-        fraction = self.options.keep_top_fraction
-        return None if fraction is None else TopFraction("clip_score", fraction, TOP_REASON)
-
-    def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
-        fraction = self.options.keep_top_fraction
-        if fraction is None:
-            return {}
-        live = live_rows(signatures, "clip_score")
-        return top_fraction_decisions(live, fraction) if live.num_rows else {}
 
 
 def pictures_of(batch: Columns, row: int) -> list[bytes]:
