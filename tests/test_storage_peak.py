@@ -449,11 +449,21 @@ def test_the_local_pool_starts_no_more_workers_than_tasks():
 
 
 def test_group_tasks_run_in_a_bounded_window_in_call_order(ray_session):
+    import ray
+
     from pipeline.runtime.session import WindowRunner
 
     runner = WindowRunner(task_bytes=1 << 30)
     assert 1 <= runner.window() <= runner.parallelism
     assert runner.run(pow, [(i, 2) for i in range(7)]) == [i * i for i in range(7)]
+
+    # Each call declares its bytes to Ray, which then packs calls onto nodes by memory.
+    def assigned_memory() -> float:  # local, so Ray's workers get it by value
+        return ray.get_runtime_context().get_assigned_resources().get("memory", 0)
+
+    assert runner.run(assigned_memory, [()]) == [1 << 30]
+    huge = WindowRunner(task_bytes=1 << 50)  # more than any node: lowered, so the calls run
+    assert huge.task_memory() < 1 << 50 and huge.run(pow, [(3, 2)]) == [9]
 
 
 def test_streamed_upload_and_shard_copy_memory_does_not_grow_with_the_object(s3, s3_bucket):

@@ -154,10 +154,16 @@ class WindowRunner(RayRunner):
         memory = int(ray.cluster_resources().get("memory", 0))
         return max(1, min(self.parallelism, memory // self.task_bytes))
 
+    def task_memory(self) -> int:
+        """Bytes each call declares to Ray, so a node takes no more calls than its memory
+        holds: `task_bytes`, lowered to the largest node's memory (more would never run)."""
+        largest = node_memory()
+        return min(self.task_bytes, largest) if largest else self.task_bytes
+
     def run(self, fn: Callable[..., Any], calls: Sequence[tuple]) -> list[Any]:
         import ray
 
-        task = ray.remote(num_cpus=1, max_retries=3)(_call_with)
+        task = ray.remote(num_cpus=1, max_retries=3, memory=self.task_memory())(_call_with)
         fn_ref, window = ray.put(fn), self.window()
         pending: dict[int, Any] = {}
         results: list[Any] = [None] * len(calls)
