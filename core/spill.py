@@ -88,32 +88,67 @@ def task_folder() -> str:
     return _TASK_FOLDER[0]
 
 
+class SpillError(RuntimeError):
+    """The local spill folder could not take a file (full disk, gone, not writable). Not an
+    OSError on purpose: readers treat OSError as damaged or unreachable input and drop it,
+    while this is the machine's fault, so the task fails (and is retried) instead."""
+
+
 def spill_stream(source: IO[bytes], size: int, folder: str, chunk: int = COPY_BLOCK) -> Spilled:
     """Copy exactly `size` bytes of `source` into a new file of `folder`, `chunk` at a time.
-    EOFError where the stream ends first (the partial file is removed)."""
+    EOFError where the stream ends first, SpillError where the folder cannot take the file
+    (the partial file is removed either way)."""
     path = os.path.join(folder, uuid.uuid4().hex)
     left = size
     try:
-        with open(path, "wb") as out:
+        out = create(path, size)
+        with out:
             while left > 0:
                 data = source.read(min(left, chunk))
                 if not data:
                     raise EOFError(f"stream ended {left} bytes short")
-                out.write(data)
+                write(out, data, path, size)
                 left -= len(data)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.remove(path)
         raise
     return Spilled(path, size)
 
 
 def spill_bytes(data: bytes, folder: str) -> Spilled:
-    """Write `data` to a new file of `folder` (a stage's big output, such as a clip)."""
+    """Write `data` to a new file of `folder` (a stage's big output, such as a clip);
+    SpillError where the folder cannot take it."""
     path = os.path.join(folder, uuid.uuid4().hex)
-    with open(path, "wb") as out:
-        out.write(data)
+    try:
+        with create(path, len(data)) as out:
+            write(out, data, path, len(data))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        raise
     return Spilled(path, len(data))
+
+
+def create(path: str, size: int) -> IO[bytes]:
+    try:
+        return open(path, "wb")
+    except OSError as err:
+        raise spill_error(path, size, err) from err
+
+
+def write(out: IO[bytes], data: bytes, path: str, size: int) -> None:
+    try:
+        out.write(data)
+    except OSError as err:
+        raise spill_error(path, size, err) from err
+
+
+def spill_error(path: str, size: int, err: OSError) -> SpillError:
+    return SpillError(
+        f"cannot spill a {size}-byte member to {os.path.dirname(path)}: "
+        f"{err.strerror or err}; free local disk or point TMPDIR at a bigger one"
+    )
 
 
 def copy_media(value: Media, out: IO[bytes]) -> int:

@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from core.config_io import ConfigError, add_overrides
+from core.spill import SpillError
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except SpillError as err:  # the machine's disk, not the input: one line, then rerun
+        print(f"error: {getattr(err, 'cause', err)}", file=sys.stderr)
+        return 1
 
 
 def report_command(output: str, storage_options: str) -> int:

@@ -232,3 +232,21 @@ def test_image_stages_read_a_spilled_image_from_disk(tmp_path):
     columns = ("sha256", "phash", "jpg", "json")
     assert {c: on_disk[c][:2] for c in columns} == {c: held[c][:2] for c in columns}
     assert on_disk["__drop__"] == [None, None, "too_big"]
+
+
+def test_a_spill_folder_that_cannot_take_a_member_fails_the_task_not_the_tar(tmp_path, tar_shards):
+    """A local disk that cannot take a spilled member (full, gone: here a folder path that is
+    a file) is the machine's fault: the read fails with one line naming the folder, so the
+    task is retried, instead of the tar's remaining samples being dropped as `corrupt_tar`."""
+    from core.spill import SpillError
+    from pipeline.config import SourceConfig
+    from pipeline.sources.partitions import plan_source, read_chunks
+    from pipeline.sources.samples import Reading
+
+    part = plan_source(SourceConfig(kind="webdataset", path=f"{tar_shards(1, 3)}/*.tar"), {})[0]
+    not_a_folder = tmp_path / "spill"
+    not_a_folder.write_bytes(b"")
+    reading = Reading(batch_size=64, chunk_bytes=1, spill_bytes=0, folder=str(not_a_folder))
+    with pytest.raises(SpillError, match=f"to {not_a_folder}: Not a directory"):
+        list(read_chunks(part, {}, reading))
+    assert not_a_folder.read_bytes() == b""
