@@ -150,8 +150,20 @@ def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int
     if exit_when_done and runtime == "local":
         sys.stdout.flush()
         sys.stderr.flush()
+        remove_multiprocessing_temp()
         os._exit(0)
     return 0
+
+
+def remove_multiprocessing_temp() -> None:
+    """multiprocessing's own temp folder (/tmp/pymp-*: the media index's socket, the
+    forkserver's), which its exit handler removes, and `os._exit` skips."""
+    import multiprocessing
+    import shutil
+
+    folder = multiprocessing.current_process()._config.get("tempdir")
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def print_summary(cfg: BuildConfig) -> None:

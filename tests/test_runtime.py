@@ -76,7 +76,7 @@ def test_a_dead_worker_is_replaced_and_its_task_rerun(pool, tmp_path):
     fn = partial(die_once, str(tmp_path / "died"))
     assert pool.run(list(range(5)), fn) == [0, 10, 20, 30, 40]
     assert pool.retried == before + 1
-    assert all(w.process.is_alive() for w in pool.workers)
+    assert all(w.alive() and w.method == "fork" for w in pool.workers)
     with pytest.raises(WorkerCrashed):
         pool.run([1], always_die)  # dies on every try: fails after Ray's 3 retries
 
@@ -225,7 +225,8 @@ def test_local_and_ray_write_the_same_bytes_and_a_killed_worker_loses_nothing(
     while len(list(done.glob("part-*.parquet"))) < 1:  # the pool is at work
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    victim = children(local.pid)[0]
+    # The driver's child is the pool's zygote; the workers are its children.
+    victim = [worker for zygote in children(local.pid) for worker in children(zygote)][0]
     os.kill(victim, signal.SIGKILL)  # by pid, mid-build
     run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "ray", "ray")), False)
     log = finished(local)

@@ -1,17 +1,21 @@
-"""The local runtime: warm worker processes forked from the driver, for builds on one machine.
+"""The local runtime: warm worker processes forked for builds on one machine.
 
-Forked after the driver has imported the build's modules (stages, PIL, pyarrow), before it has
-started any thread: a worker starts in milliseconds with everything a task needs already
-loaded, where a fresh local Ray costs seconds to start (docs/benchmarks/fixed_cost.md). The contract
-is Ray's: results in input order, an exception in a task fails the run, and a task whose worker
-process dies is run again on a fresh worker (up to `MAX_RETRIES` times, Ray's `max_retries`),
-so a crashed worker never fails the build. In a process that already runs Ray (a test session,
-a notebook) the workers are spawned instead: forking there is unsafe (`start_method`).
+Forked after the driver has imported the build's modules (stages, PIL, pyarrow): a worker
+starts in milliseconds with everything a task needs already loaded, where a fresh local Ray
+costs seconds to start (docs/benchmarks/fixed_cost.md). Every worker is forked by the pool's
+zygote, itself forked when the pool is made, before the driver loads a model: never by the
+driver later, whose thread pools (torch's OpenMP) deadlock a forked child (zygote.py). The
+contract is Ray's: results in input order, an exception in a task fails the run, and a task
+whose worker process dies is run again on a fresh worker (up to `MAX_RETRIES` times, Ray's
+`max_retries`), so a crashed worker never fails the build. In a process that already runs Ray
+(a test session, a notebook) the workers are spawned instead: forking there is unsafe
+(`start_method`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -25,6 +29,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from core.mapreduce import MapFn, ReduceFn, check_partitions
+from pipeline.runtime.zygote import Zygote
 
 log = logging.getLogger("mmcurate.localpool")
 
@@ -35,53 +40,75 @@ class WorkerCrashed(RuntimeError):
     """A task's worker process died on every try."""
 
 
-def dumps(value: Any, by_value: bool = False) -> bytes:
+def dumps(value: Any, fresh: bool = False) -> bytes:
     """Plain pickle; closures and lambdas (which Ray ships with cloudpickle) fall back to it.
-    `by_value`: cloudpickle at once, which also ships what `__main__` defines (a notebook's
-    functions), for workers that were spawned and so never saw that `__main__`."""
-    if not by_value:
-        try:
-            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, AttributeError, TypeError):
-            pass
+    `fresh`: for workers that never saw this process's `__main__` (spawned, or spawned once
+    a zygote gone): what refers to it (a notebook's functions) goes by value, with cloudpickle."""
+    try:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        if not (fresh and b"__main__" in data):
+            return data
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass
     from ray import cloudpickle
 
     return cloudpickle.dumps(value)
 
 
 class _Worker:
-    """One worker process and the driver's end of its pipe."""
+    """One worker process and the driver's end of its socket: forked by the pool's zygote, or
+    spawned where this process runs Ray (`start_method`)."""
 
-    def __init__(self, others: list[_Worker]) -> None:
-        self.method = start_method()  # asked per worker: Ray may have started since the last
-        context = multiprocessing.get_context(self.method)
-        self.conn, child = context.Pipe()
-        # A forked child closes every driver-side end it inherits, so each worker sees EOF (and
-        # exits) as soon as the driver is gone, even one killed without a word. A spawned one
-        # inherits none.
-        forked = self.method == "fork"
-        inherited = [self.conn, *(w.conn for w in others)] if forked else []
-        self.process = context.Process(
-            target=_serve, args=(child, inherited), name="mmcurate-worker"
-        )
-        self.process.start()
-        child.close()
+    def __init__(self, zygote: Zygote | None) -> None:
+        self.method = "fork" if zygote is not None else "spawn"
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.pid: int | None = None
+        if self.method == "fork":
+            self.pid, self.conn = zygote.fork_worker()
+        else:
+            context = multiprocessing.get_context("spawn")
+            self.conn, child = context.Pipe()
+            self.process = context.Process(target=_serve, args=(child, []), name="mmcurate-worker")
+            self.process.start()
+            child.close()
         self.fn_token: int | None = None  # the function this worker holds
         self.index: int | None = None  # the task it runs
 
-    def stop(self) -> None:
+    @property
+    def waitables(self) -> list[Any]:
+        """What becomes ready when a task finishes or the worker dies (a zygote's worker
+        closes its socket as it dies; a spawned one also has its process sentinel)."""
+        return [self.conn] + ([self.process.sentinel] if self.process is not None else [])
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.is_alive()
+        try:
+            os.kill(self.pid, 0)  # the zygote reaps its children: a dead worker's pid is gone
+        except ProcessLookupError:
+            return False
+        return not self.conn.closed
+
+    def stop(self, kill: bool = False) -> None:
+        """Close its socket: an idle worker exits on EOF. `kill`: also kill it now (it may be
+        busy; a worker known dead is never killed, its pid may already be another's)."""
         try:
             self.conn.close()
         finally:
-            if self.process.is_alive():
-                self.process.kill()  # idle or finished: nothing to lose
-            self.process.join(timeout=5)
+            if self.process is not None:
+                if self.process.is_alive():
+                    self.process.kill()  # idle or finished: nothing to lose
+                self.process.join(timeout=5)
+            elif kill and self.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
 
 
 def start_method() -> str:
-    """Fork, for workers warm in milliseconds; but spawn where this process runs Ray: a fork
-    copies the locks of Ray's gRPC threads held, and the driver's next GCS call can hang
-    (ray-project/ray#59661; seen here as `ray.available_resources()` never returning)."""
+    """Fork (the zygote, then workers from it), for workers warm in milliseconds; but spawn
+    where this process runs Ray: a fork copies the locks of Ray's gRPC threads held, and the
+    driver's next GCS call can hang (ray-project/ray#59661; seen here as
+    `ray.available_resources()` never returning)."""
     ray = sys.modules.get("ray")
     return "spawn" if ray is not None and ray.is_initialized() else "fork"
 
@@ -93,6 +120,9 @@ class LocalPool:
 
     def __init__(self, workers: int, start: int | None = None) -> None:
         self.limit = max(1, workers)
+        # Forked now, while this process is clean: every worker is forked from it, never from
+        # this process once it may have started thread pools (zygote.py).
+        self.zygote = Zygote(_serve) if start_method() == "fork" else None
         self.workers: list[_Worker] = []
         self.grow(self.limit if start is None else start)
         self.retried = 0  # tasks run again after their worker died
@@ -106,12 +136,25 @@ class LocalPool:
     def grow(self, tasks: int) -> None:
         """Live workers up to min(limit, tasks)."""
         while len(self.workers) < min(self.limit, tasks):
-            self.workers.append(_Worker(self.workers))
+            self.workers.append(self._new_worker())
+
+    def _new_worker(self) -> _Worker:
+        """From the zygote; spawned if the zygote is gone (killed: a spawn is slow but safe)."""
+        if self.zygote is not None:
+            try:
+                return _Worker(self.zygote)
+            except (OSError, EOFError, ValueError):
+                log.warning("the local pool's zygote is gone; workers are spawned from now on")
+                self.zygote = None
+        return _Worker(None)
 
     def close(self) -> None:
         for worker in self.workers:
             worker.stop()
         self.workers = []
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
 
     def run(
         self,
@@ -124,8 +167,8 @@ class LocalPool:
         after each task (a progress bar's update), `on_result(index, result)` too."""
         self.grow(len(items))
         self._token += 1
-        spawned = any(w.method == "spawn" for w in self.workers) or start_method() == "spawn"
-        token, blob = self._token, dumps(fn, by_value=spawned)
+        spawned = self.zygote is None or any(w.method != "fork" for w in self.workers)
+        token, blob = self._token, dumps(fn, fresh=spawned)
         queue = deque(range(len(items)))
         tries = [0] * len(items)
         results: list[Any] = [None] * len(items)
@@ -174,20 +217,16 @@ class LocalPool:
         busy = self._busy()
         if not busy:
             return []
-        ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy]))
+        ready = set(wait([item for w in busy for item in w.waitables]))
         out = []
         for worker in busy:
-            if worker.conn not in ready and worker.process.sentinel not in ready:
+            if ready.isdisjoint(worker.waitables):
                 continue
             index, worker.index = worker.index, None
             try:
                 ok, value = pickle.loads(worker.conn.recv_bytes())
             except (EOFError, OSError):
-                worker.process.join(timeout=5)
-                log.warning(
-                    "a worker process died (exit %s); its task runs again",
-                    worker.process.exitcode,
-                )
+                log.warning("a worker process died (pid %s); its task runs again", worker.pid)
                 self._replace(worker)
                 out.append((index, None, None))
                 continue
@@ -197,15 +236,14 @@ class LocalPool:
             out.append((index, ok, value))
         return out
 
-    def _replace(self, worker: _Worker) -> None:
-        worker.stop()
-        others = [w for w in self.workers if w is not worker]
-        self.workers[self.workers.index(worker)] = _Worker(others)
+    def _replace(self, worker: _Worker, kill: bool = False) -> None:
+        worker.stop(kill)
+        self.workers[self.workers.index(worker)] = self._new_worker()
 
     def _stop_busy(self) -> None:
         for worker in self._busy():
             worker.index = None
-            self._replace(worker)
+            self._replace(worker, kill=True)
 
 
 def _serve(conn: Connection, inherited: list[Connection]) -> None:
