@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from PIL import Image
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
 from core.formats import meta_json
 from core.spill import open_media
@@ -30,6 +30,7 @@ from stages.lib.fast_resize import shrink
 from stages.lib.pixels import DECODE_ERRORS, orientation, to_rgb, upright
 
 SWAPS_SIDES = (5, 6, 7, 8)  # EXIF orientations that turn the image a quarter
+WEBP_MAX_SIDE = 16383  # libwebp's limit
 
 
 class UpscaleOptions(StageOptions):
@@ -38,13 +39,19 @@ class UpscaleOptions(StageOptions):
 
 class AspectBucketsOptions(StageOptions):
     preset: Literal["kohya", "sdxl", "novelai"] | None = None
-    buckets: list[str | list[int]] | None = Field(
+    # StrictInt: a bool or a float is not a side (`[true, 768]` was a 1x768 bucket). The
+    # checks and their one-line messages are parse_buckets' (run before these types).
+    buckets: list[str | list[StrictInt]] | None = Field(
         None, description='explicit buckets: ["1024x768", ...] or [[1024, 768], ...]'
     )
     base: Literal[512, 1024] = Field(512, description="kohya: max area is base x base")
-    step: int = Field(64, ge=8, description="kohya and novelai: sides are multiples of this")
-    bucket_min_side: int = Field(256, ge=8, description="kohya and novelai: shortest side")
-    bucket_max_side: int = Field(1024, ge=8, description="kohya and novelai: longest side")
+    step: int = Field(64, ge=8, multiple_of=8, description="kohya and novelai: sides' multiple")
+    bucket_min_side: int = Field(
+        256, ge=8, multiple_of=8, description="kohya and novelai: shortest side"
+    )
+    bucket_max_side: int = Field(
+        1024, ge=8, le=plan.MAX_SIDE, multiple_of=8, description="kohya and novelai: longest side"
+    )
     min_side: int | None = Field(None, gt=0, description="shorter side below: too_small")
     min_pixels: int | None = Field(None, gt=0, description="width x height below: too_few_pixels")
     max_aspect_ratio: float | None = Field(
@@ -60,14 +67,11 @@ class AspectBucketsOptions(StageOptions):
     quality: int = Field(95, ge=1, le=100)
     filter: Literal["area", "bilinear", "bicubic", "lanczos"] = "area"
 
-    @field_validator("buckets")
+    @field_validator("buckets", mode="before")
     @classmethod
-    def _buckets(cls, value: list | None) -> list | None:
+    def _buckets(cls, value: object) -> object:
         if value is not None:
-            if not value:
-                raise ValueError("buckets: give at least one")
-            for bucket in value:
-                plan.parse_bucket(bucket)
+            plan.parse_buckets(value)  # one line naming the bad bucket
         return value
 
     @model_validator(mode="after")
@@ -76,11 +80,30 @@ class AspectBucketsOptions(StageOptions):
             raise ValueError("give either preset or buckets, not both")
         if self.bucket_min_side > self.bucket_max_side:
             raise ValueError("bucket_min_side is above bucket_max_side")
+        self._fillable(self.bucket_list())
         return self
+
+    def _fillable(self, buckets: list[plan.Bucket]) -> None:
+        """Refuse a bucket no image could fill: above max_pixels every image that covers it is
+        too_many_pixels (a 100000x100000 bucket dropped the whole build); WebP stores at most
+        16383 pixels a side."""
+        source = "buckets" if self.buckets is not None else f"preset {self.preset or 'sdxl'}"
+        largest = max(buckets, key=lambda b: b[0] * b[1])
+        if largest[0] * largest[1] > self.max_pixels:
+            raise ValueError(
+                f"{source}: bucket {plan.bucket_name(largest)} has {largest[0] * largest[1]:,} "
+                f"pixels, above max_pixels ({self.max_pixels:,}): no image could fill it"
+            )
+        widest = max(buckets, key=max)
+        if self.format == "webp" and max(widest) > WEBP_MAX_SIDE:
+            raise ValueError(
+                f"{source}: bucket {plan.bucket_name(widest)} is over WebP's {WEBP_MAX_SIDE} "
+                "pixels a side; use format jpg or png"
+            )
 
     def bucket_list(self) -> list[plan.Bucket]:
         if self.buckets is not None:
-            return sorted({plan.parse_bucket(b) for b in self.buckets})
+            return plan.parse_buckets(self.buckets)
         sides = {"step": self.step, "min_side": self.bucket_min_side}
         sides["max_side"] = self.bucket_max_side
         if self.preset == "kohya":

@@ -13,6 +13,9 @@
   smaller than the same shape turned sideways); the log error of an image and its transpose
   against a bucket and its transpose is the same. Compared exactly (fractions), so ties are
   ties on every machine; a tie goes to the smaller bucket (area, then width).
+- `parse_buckets`: an explicit list, strictly: `"WxH"` or `[W, H]`, integer sides (a YAML
+  `true` or `1024.0` is refused, not read as 1 or 1024), multiples of 8 up to 16384; one bucket
+  written twice (in two spellings) is refused, never merged silently.
 - `placement`: resize to cover the bucket (one scale for both sides, the larger needed), then
   crop the overhang: centred, or at an offset drawn from a hash of the sample key and a seed
   (the same on every rerun and machine).
@@ -21,7 +24,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -72,20 +77,63 @@ def novelai_buckets(
     return sorted(found)
 
 
-def parse_bucket(value: str | list[int] | tuple[int, int]) -> Bucket:
-    """`"1024x768"` or `[1024, 768]` -> (1024, 768); ValueError otherwise."""
+# A bucket's sides: multiples of SIDE_MULTIPLE (SD's VAE maps each 8x8 pixel block to one
+# latent; the presets and kohya's default step use 64, which also divides evenly through SD's
+# UNet's three downsamplings), from SIDE_MULTIPLE to MAX_SIDE (eight times SDXL's longest side;
+# WebP's 16383 a side is checked with the stage's format).
+SIDE_MULTIPLE = 8
+MAX_SIDE = 16384
+FORMS = 'write each bucket as "WIDTHxHEIGHT" or [WIDTH, HEIGHT], e.g. "1024x768" or [1024, 768]'
+SIZE_TEXT = re.compile(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*", re.ASCII)  # ASCII: no '１０２４'
+SIDE_RULE = f"sides are multiples of {SIDE_MULTIPLE} from {SIDE_MULTIPLE} to {MAX_SIDE}"
+
+
+def shown(value: object) -> str:
+    """A config value as the user wrote it in YAML (`[true, 768]`, not Python's `[True, 768]`)."""
+    return json.dumps(value, default=str)
+
+
+def parse_bucket(value: object) -> Bucket:
+    """`"1024x768"` or `[1024, 768]` -> (1024, 768); ValueError (one line naming the bucket,
+    what is wrong and the accepted forms) for anything else, `[true, 768]` and `[1024.0, 768]`
+    included: a bool or a float is not a pixel count."""
+    where = f"bucket {shown(value)}"
     if isinstance(value, str):
-        parts = value.lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"bucket {value!r}: write it as WIDTHxHEIGHT, e.g. 1024x768")
-        width, height = (int(p) for p in parts)
+        match = SIZE_TEXT.fullmatch(value)
+        if match is None:
+            raise ValueError(f"{where}: not a size; {FORMS}")
+        for digits in match.groups():  # too long for any allowed side (or for int())
+            if len(digits.lstrip("0")) > len(str(MAX_SIDE)):
+                raise ValueError(f"{where}: side {digits} is not allowed ({SIDE_RULE})")
+        sides = [int(d) for d in match.groups()]
     elif isinstance(value, list | tuple) and len(value) == 2:
-        width, height = (int(v) for v in value)
+        for side in value:
+            if type(side) is not int:  # bool is an int subclass: [true, 768] was 1x768
+                raise ValueError(f"{where}: side {shown(side)} is not an integer; {FORMS}")
+        sides = list(value)
     else:
-        raise ValueError(f"bucket {value!r}: write it as WIDTHxHEIGHT or [width, height]")
-    if width <= 0 or height <= 0:
-        raise ValueError(f"bucket {value!r}: sides must be positive")
-    return width, height
+        raise ValueError(f"{where}: {FORMS}")
+    for side in sides:
+        if not SIDE_MULTIPLE <= side <= MAX_SIDE or side % SIDE_MULTIPLE:
+            raise ValueError(f"{where}: side {side} is not allowed ({SIDE_RULE})")
+    return sides[0], sides[1]
+
+
+def parse_buckets(values: object) -> list[Bucket]:
+    """An explicit bucket list -> its buckets, sorted; ValueError for an empty list or one
+    bucket written twice (`"1024x768"` and `[1024, 768]` would otherwise merge silently)."""
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"give a list of at least one bucket; {FORMS}")
+    first: dict[Bucket, object] = {}
+    for value in values:
+        bucket = parse_bucket(value)
+        if bucket in first:
+            raise ValueError(
+                f"bucket {shown(first[bucket])} and {shown(value)} are the same bucket "
+                f"{bucket_name(bucket)}: list it once"
+            )
+        first[bucket] = value
+    return sorted(first)
 
 
 def bucket_name(bucket: Bucket) -> str:
