@@ -10,18 +10,25 @@ small (`media_bytes`). Whoever spilled a file removes it (`release`) once it is 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import shutil
+import socket
 import tempfile
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
 COPY_BLOCK = 1 << 20  # bytes per read when a spilled file is copied or hashed
-SPILL_PREFIX = "mmcurate-spill-"  # + the creating process's pid, so a dead one's folder is found
+# + the creating process's pid and this host's tag, so a dead one's folder is found
+SPILL_PREFIX = "mmcurate-spill-"
+DEFAULT_SPILL_BYTES = 16 << 20  # source.spill_bytes and chunk_bytes's defaults: what a stage
+DEFAULT_CHUNK_BYTES = 128 << 20  # called outside a build task holds at most
 
 
 @dataclass(frozen=True)
@@ -64,20 +71,47 @@ def open_media(value: Media) -> IO[bytes]:
     return value.open() if isinstance(value, Spilled) else io.BytesIO(value)
 
 
+def host_tag() -> str:
+    """This host and pid namespace, short: a folder with this tag whose pid is gone was left
+    by a dead process of this very machine (a pid of another container only looks dead)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    text = f"{socket.gethostname()}|{namespace}"
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def spill_folder(parent: str | None = None) -> str:
-    """A new, empty folder for one task's spilled members (removed by `remove_folder`)."""
+    """A new, empty folder for one task's spilled members (removed by `remove_folder`):
+    `mmcurate-spill-<pid>-h<host tag>-<random>`."""
     base = parent or tempfile.gettempdir()
-    path = os.path.join(base, f"{SPILL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    name = f"{SPILL_PREFIX}{os.getpid()}-h{host_tag()}-{uuid.uuid4().hex[:12]}"
+    path = os.path.join(base, name)
     os.makedirs(path)
     return path
 
 
 _TASK_FOLDER: list[str] = []  # the running task's folder (one task at a time per worker)
+_TASK_LIMITS: list[int | None] = [DEFAULT_SPILL_BYTES, DEFAULT_CHUNK_BYTES]
 
 
-def set_task_folder(path: str | None) -> None:
-    """Make `path` the folder stages spill into while this task runs (None: no task)."""
+def set_task_folder(
+    path: str | None,
+    spill_bytes: int | None = DEFAULT_SPILL_BYTES,
+    chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
+) -> None:
+    """Make `path` the folder stages spill into while this task runs (None: no task), and
+    the source's `spill_bytes` / `chunk_bytes` the limits stages that make media (download)
+    keep to."""
     _TASK_FOLDER[:] = [path] if path else []
+    _TASK_LIMITS[:] = [spill_bytes, chunk_bytes]
+
+
+def task_limits() -> tuple[int | None, int | None]:
+    """(spill_bytes, chunk_bytes) of the running task: a value above the first goes to disk,
+    and a chunk holds about the second in memory (None: no limit)."""
+    return _TASK_LIMITS[0], _TASK_LIMITS[1]
 
 
 def task_folder() -> str:
@@ -174,31 +208,153 @@ def release(values: Iterable[Any]) -> None:
                 os.remove(value.path)
 
 
+def removed_when_dropped(value: Spilled) -> Spilled:
+    """`value`, whose file is removed once nothing refers to it any more: for media a stage
+    makes mid-chain (a download), which no reader noted, so that a later stage replacing it
+    (decode_image) or dropping its sample frees the disk at once, not when the task ends.
+    Copies sent to other processes carry no such duty; `release` may remove it first."""
+    weakref.finalize(value, _remove_quietly, value.path)
+    return value
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
+class MemoryBudget:
+    """Bytes that threads may hold in memory together (a chunk's share: `chunk_bytes`);
+    thread-safe. None: no limit."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit, self.held = limit, 0
+        self.lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        """Reserve `size` bytes; False (nothing reserved) where they do not fit."""
+        with self.lock:
+            if self.limit is not None and self.held + size > self.limit:
+                return False
+            self.held += size
+            return True
+
+    def give(self, size: int) -> None:
+        with self.lock:
+            self.held -= size
+
+
+class SpillingBuffer:
+    """Bytes arriving in blocks (a download's body): held in memory while the value stays
+    within `spill_bytes` and the shared `budget` has room, else moved to a new file of
+    `folder` and written there from then on, so memory never holds more than the budget.
+    `expected` (a Content-Length): a value known to be big goes to disk from its first byte."""
+
+    def __init__(
+        self,
+        folder: str,
+        spill_bytes: int | None,
+        budget: MemoryBudget,
+        expected: int | None = None,
+    ) -> None:
+        self.folder, self.spill_bytes, self.budget = folder, spill_bytes, budget
+        self.parts: list[bytes] = []
+        self.size = self.held = 0
+        self.path: str | None = None
+        self.file: IO[bytes] | None = None
+        if expected is not None and self.over(expected):
+            self.to_disk()
+
+    def over(self, size: int) -> bool:
+        return self.spill_bytes is not None and size > self.spill_bytes
+
+    def write(self, data: bytes) -> None:
+        if self.file is None and (self.over(self.size + len(data)) or not self.take(data)):
+            self.to_disk()
+        if self.file is not None:
+            write(self.file, data, self.file.name, self.size + len(data))
+        else:
+            self.parts.append(data)
+        self.size += len(data)
+
+    def take(self, data: bytes) -> bool:
+        if not self.budget.take(len(data)):
+            return False
+        self.held += len(data)
+        return True
+
+    def to_disk(self) -> None:
+        self.path = os.path.join(self.folder, uuid.uuid4().hex)
+        self.file = create(self.path, self.size)
+        for part in self.parts:
+            write(self.file, part, self.path, self.size)
+        self.parts = []
+        self.budget.give(self.held)
+        self.held = 0
+
+    def value(self) -> Media:
+        """The bytes, or a Spilled file removed once the value is dropped (the buffer's
+        memory stays counted in the budget: the value is still held)."""
+        if self.file is None:
+            return b"".join(self.parts)
+        try:
+            self.file.close()
+        except OSError as err:
+            self.discard()
+            raise spill_error(self.path or self.folder, self.size, err) from err
+        return removed_when_dropped(Spilled(self.file.name, self.size))
+
+    def discard(self) -> None:
+        """Give back what the buffer took (its memory, its file): the value is not wanted."""
+        self.parts = []
+        self.budget.give(self.held)
+        self.held = 0
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            _remove_quietly(self.file.name)
+
+
 def remove_folder(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-SPILL_STALE_S = 3600  # a dead process's folder is removed once untouched this long
+SPILL_STALE_S = 3600  # a folder of another host or namespace: removed once untouched this long
 _SWEPT: list[int] = []  # the pid of the process that swept (a forked worker sweeps again)
 
 
-def sweep_folders(parent: str | None = None) -> None:
-    """Remove spill folders that killed processes left in `parent` (the temp folder): those
-    whose pid is gone and that are untouched for SPILL_STALE_S (as core.atomic.sweep_uploads;
-    a pid in another pid namespace looks dead, hence the age too)."""
+def folder_owner(name: str) -> tuple[int, str | None] | None:
+    """(pid, host tag or None for an untagged, older name) of a spill folder's name; None for
+    any other name."""
+    if not name.startswith(SPILL_PREFIX):
+        return None
+    pid, _, rest = name.removeprefix(SPILL_PREFIX).partition("-")
+    if not pid.isdigit():
+        return None
+    tag = rest.partition("-")[0]
+    return int(pid), tag[1:] if tag.startswith("h") and len(tag) == 9 else None
+
+
+def sweep_folders(parent: str | None = None, again: bool = False) -> None:
+    """Remove spill folders that dead processes (killed workers, a killed build) left in
+    `parent` (the temp folder): at once where the name says this host and pid namespace and
+    that pid runs no more, so a rerun clears what a killed run left; a folder of another
+    namespace (its pid only looks dead here) once untouched SPILL_STALE_S, as
+    core.atomic.sweep_uploads. Once per process unless `again`."""
     from core.atomic import pid_gone
 
-    if parent is None and _SWEPT == [os.getpid()]:
-        return  # once per process: a task's own folder is removed in its `finally`
+    if parent is None and not again and _SWEPT == [os.getpid()]:
+        return  # a task's own folder is removed in its `finally`
     if parent is None:
         _SWEPT[:] = [os.getpid()]
-    base = parent or tempfile.gettempdir()
+    base, here = parent or tempfile.gettempdir(), host_tag()
     with contextlib.suppress(OSError):
         for entry in os.scandir(base):
-            pid = entry.name.removeprefix(SPILL_PREFIX).partition("-")[0]
-            if not (entry.name.startswith(SPILL_PREFIX) and pid.isdigit() and entry.is_dir()):
+            owner = folder_owner(entry.name)
+            if owner is None or owner[0] == os.getpid() or not entry.is_dir():
                 continue
             with contextlib.suppress(OSError):
-                old = time.time() - entry.stat().st_mtime > SPILL_STALE_S
-                if old and int(pid) != os.getpid() and pid_gone(int(pid)):
+                ours = owner[1] == here
+                if not ours and time.time() - entry.stat().st_mtime <= SPILL_STALE_S:
+                    continue
+                if pid_gone(owner[0]):
                     remove_folder(entry.path)

@@ -59,6 +59,7 @@ def phase_a(
         stop_pools(encoders)
         if index is not None:
             index.stop()
+        sweep_folders(again=True)  # of workers stopped mid-task when a task failed
     stopped(claim, held)
 
 
@@ -112,7 +113,7 @@ def process_partition(
     `source.spill_bytes` wait on local disk, in a spill folder of this task's own."""
     sweep_folders()  # those of killed workers
     folder = spill_folder()
-    set_task_folder(folder)
+    set_task_folder(folder, cfg.source.spill_bytes, cfg.source.chunk_bytes)
     try:
         return write_partition(part, cfg, stages, claim, folder, index)
     finally:

@@ -4,22 +4,28 @@ Failures are drop reasons: `http_404`, `http_500` (after retries), `timeout`, `t
 `not_image`, `robots_optout`, `bad_url`, `bad_scheme`, `bad_redirect`, `private_address`,
 `dns_error`, `ssl_error`, `connection_error` (a body cut short included), `too_many_redirects`,
 `no_url`, and `fetch_error` for anything unforeseen (logged): one URL never stops the build.
+
+Memory: a call holds at most the source's `chunk_bytes` of bodies in memory (the fetching
+threads share that budget) and no body above `spill_bytes`; the rest streams to the task's
+spill folder as it arrives and flows on as Spilled files (core/spill.py), so a URL list's
+task keeps to the same bound as the other sources (docs/scale.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from pydantic import Field
 
 from core.formats import meta_json
+from core.spill import MemoryBudget, SpillError, task_folder, task_limits
 from stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, register, sample_meta
 from stages.lib.fetch_policy import FetchPolicy
 from stages.lib.http_conn import Connections
-from stages.lib.http_fetch import Fetched, fetch
+from stages.lib.http_fetch import Fetched, SpillTo, fetch
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +75,25 @@ class Download(Stage):
     def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
         urls = batch.get("url") or [None] * size
-        results = list(self.executor.map(self.fetch_one, urls))
+        spill_bytes, chunk_bytes = task_limits()
+        spill = SpillTo(task_folder(), spill_bytes, MemoryBudget(chunk_bytes))
+        results = list(self.executor.map(partial(self.fetch_one, spill=spill), urls))
         for col in IMAGE_COLUMNS:
             batch[col] = [r.data if r and r.column == col else None for r in results]
         metas = batch.get("json") or [None] * size
         batch["json"] = [add_status(meta, r) for meta, r in zip(metas, results, strict=True)]
         return batch, [r.reason if r else "no_url" for r in results]
 
-    def fetch_one(self, url: Any) -> Fetched | None:
-        """One row's fetch; None when it has no URL. Never raises: whatever goes wrong with one
-        URL becomes that row's drop reason."""
+    def fetch_one(self, url: Any, spill: SpillTo | None = None) -> Fetched | None:
+        """One row's fetch; None when it has no URL. Whatever goes wrong with one URL becomes
+        that row's drop reason; only a spill folder that cannot take a body (the machine's
+        fault) fails the task."""
         try:
             if url is None or (isinstance(url, str | bytes) and not url.strip()):
                 return None
-            return fetch(self.conns, url, self.policy)
+            return fetch(self.conns, url, self.policy, spill)
+        except SpillError:
+            raise
         except Exception:  # a bug or an http.client corner we do not know: drop, log, go on
             log.warning("download of %.200r failed unexpectedly", url, exc_info=True)
             return Fetched(reason="fetch_error")
@@ -97,6 +108,6 @@ def add_status(meta: str | bytes | None, result: Fetched | None) -> str:
             http_status=result.status,
             error_message=result.reason,
         )
-        if result.data is not None:  # of the downloaded bytes, as img2dataset's compute_hash
-            fields["sha256"] = hashlib.sha256(result.data).hexdigest()
+        if result.sha256 is not None:  # of the downloaded bytes, as img2dataset's compute_hash
+            fields["sha256"] = result.sha256
     return meta_json(fields, sort_keys=True, ensure_ascii=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import email.utils
 import functools
+import hashlib
 import http.client
 import random
 import socket
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from core.spill import Media, MemoryBudget, Spilled, SpillingBuffer, release
 from stages.lib.fetch_policy import FetchPolicy
 from stages.lib.http_conn import Connections, DeadlineResponse, time_left
 from stages.lib.url_guard import Failed, Target, parse_url, redirect_target, vet_addresses
@@ -40,11 +42,29 @@ SIGNATURES = (
 
 @dataclass
 class Fetched:
-    data: bytes | None = None
+    data: Media | None = None  # bytes, or a Spilled file for a body past the spill limits
     column: str | None = None  # image column from the sniffed format
     reason: str | None = None  # drop reason when data is None
     status: int | None = None
     attempts: int = 0
+    sha256: str | None = None  # of the body, hashed as it arrived
+
+
+@dataclass(frozen=True)
+class SpillTo:
+    """Where bodies go that must not stay in memory: a body above `spill_bytes`, or one that
+    finds the `budget` (the bytes a chunk may hold, shared by the fetching threads) spent, is
+    streamed to a new file of `folder` and comes back as a Spilled value."""
+
+    folder: str
+    spill_bytes: int | None
+    budget: MemoryBudget
+
+
+@dataclass(frozen=True)
+class Body:
+    data: Media
+    sha256: str
 
 
 def sniff(data: bytes) -> str | None:
@@ -73,31 +93,50 @@ def robots_optout(values: list[str], policy: FetchPolicy) -> bool:
     return False
 
 
-def read_body(response: http.client.HTTPResponse, policy: FetchPolicy) -> bytes:
-    """The whole body (the response's reader keeps the deadline); IncompleteRead (a
-    `connection_error`) when the connection closes before the announced Content-Length."""
+def head(data: Media, size: int = 16) -> bytes:
+    """The first bytes of a body (enough to sniff), without reading a spilled one whole."""
+    if isinstance(data, Spilled):
+        with data.open() as f:
+            return f.read(size)
+    return data[:size]
+
+
+def read_body(
+    response: http.client.HTTPResponse, policy: FetchPolicy, spill: SpillTo | None = None
+) -> Body:
+    """The whole body and its sha256 (the response's reader keeps the deadline): in memory,
+    or with `spill` streamed to disk past its limits; IncompleteRead (a `connection_error`)
+    when the connection closes before the announced Content-Length."""
     length = response.getheader("Content-Length")
-    if length and length.isdigit() and int(length) > policy.max_bytes:
+    announced = int(length) if length and length.isascii() and length.isdigit() else None
+    if announced is not None and announced > policy.max_bytes:
         raise Failed("too_large")
-    chunks, size = [], 0
-    while True:
-        chunk = response.read1(1 << 16)
-        if not chunk:
-            if response.length:  # read1 answers b"" at EOF, however much was announced
-                raise http.client.IncompleteRead(b"".join(chunks), response.length)
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > policy.max_bytes:
-            raise Failed("too_large")
-        chunks.append(chunk)
+    if spill is None:
+        buffer = SpillingBuffer("", None, MemoryBudget(None))
+    else:
+        buffer = SpillingBuffer(spill.folder, spill.spill_bytes, spill.budget, announced)
+    digest = hashlib.sha256()
+    try:
+        while chunk := response.read1(1 << 16):
+            if buffer.size + len(chunk) > policy.max_bytes:
+                raise Failed("too_large")
+            digest.update(chunk)
+            buffer.write(chunk)
+        if response.length:  # read1 answers b"" at EOF, however much was announced
+            raise http.client.IncompleteRead(b"", response.length)
+        return Body(buffer.value(), digest.hexdigest())
+    except BaseException:
+        buffer.discard()
+        raise
 
 
 @dataclass(frozen=True)
 class Reply:
     status: int
     location: str | None  # a redirect's target, as sent
-    body: bytes
+    body: Media
     retry_after_s: float | None = None  # the server's Retry-After, in seconds from now
+    sha256: str | None = None  # of a 200's body
 
 
 def exchange(
@@ -106,6 +145,7 @@ def exchange(
     policy: FetchPolicy,
     addresses: tuple[str, ...] | None = None,
     deadline: float | None = None,
+    spill: SpillTo | None = None,
 ) -> Reply:
     """One request, done by `deadline` (default: `timeout_s` from now); a stale kept-alive
     connection is retried once on a fresh one."""
@@ -133,7 +173,7 @@ def exchange(
             conn.close()
             raise
         try:
-            return finish(response, policy, conns, origin, conn)
+            return finish(response, policy, conns, origin, conn, spill)
         except BaseException:
             conn.close()
             raise
@@ -146,15 +186,18 @@ def finish(
     conns: Connections,
     origin: tuple,
     conn: Any,
+    spill: SpillTo | None = None,
 ) -> Reply:
     """Status, redirect target, body (read only for a 200 that did not opt out), Retry-After."""
     location = response.getheader("Location") if response.status in REDIRECTS else None
+    digest = None
     if location is not None or response.status != 200:
-        body = response.read(64 << 10)  # small error pages; a big one just closes the conn
+        body: Media = response.read(64 << 10)  # small error pages; a big one closes the conn
     elif robots_optout(response.headers.get_all("X-Robots-Tag") or [], policy):
         raise Failed("robots_optout")
     else:
-        body = read_body(response, policy)
+        read = read_body(response, policy, spill)
+        body, digest = read.data, read.sha256
     # read before the connection is given back: nothing may fail after that
     wait = retry_after(response.getheader("Retry-After")) if response.status != 200 else None
     fully_read = response.isclosed() or response.length == 0
@@ -163,7 +206,7 @@ def finish(
         conns.give(*origin, conn)
     else:
         conn.close()
-    return Reply(response.status, location, body, wait)
+    return Reply(response.status, location, body, wait, digest)
 
 
 def retry_after(value: str | None) -> float | None:
@@ -181,9 +224,11 @@ def retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def attempt(conns: Connections, url: object, policy: FetchPolicy) -> tuple[bytes, int]:
+def attempt(
+    conns: Connections, url: object, policy: FetchPolicy, spill: SpillTo | None = None
+) -> Reply:
     """One attempt, following redirects (each hop vetted again), all within one `timeout_s`;
-    returns (body, status) or raises Failed."""
+    returns the 200's reply or raises Failed."""
     target, seen = parse_url(url, policy.max_url_chars), set()
     deadline = time.monotonic() + policy.timeout_s
 
@@ -196,7 +241,7 @@ def attempt(conns: Connections, url: object, policy: FetchPolicy) -> tuple[bytes
         seen.add(target.url)
         try:
             addresses = vet_addresses(target, policy.allow_private_addresses, resolve)
-            reply = exchange(conns, target, policy, addresses, deadline)
+            reply = exchange(conns, target, policy, addresses, deadline, spill)
         except TimeoutError:
             raise Failed("timeout") from None
         except ssl.SSLError:
@@ -213,26 +258,32 @@ def attempt(conns: Connections, url: object, policy: FetchPolicy) -> tuple[bytes
         if reply.status != 200:
             retry = reply.status in RETRYABLE
             raise Failed(f"http_{reply.status}", retry, reply.status, reply.retry_after_s)
-        return reply.body, reply.status
+        return reply
     raise Failed("too_many_redirects")
 
 
-def fetch(conns: Connections, url: object, policy: FetchPolicy) -> Fetched:
+def fetch(
+    conns: Connections, url: object, policy: FetchPolicy, spill: SpillTo | None = None
+) -> Fetched:
     """Fetch `url` (any value: a non-string is `bad_url`): retries (exponential backoff, full
-    jitter) only where they may help."""
+    jitter) only where they may help. With `spill`, a big body comes back as a Spilled file
+    (SpillError where the folder cannot take it: the machine's fault, not the URL's)."""
     for tries in range(1, policy.retries + 2):
         try:
-            data, status = attempt(conns, url, policy)
+            reply = attempt(conns, url, policy, spill)
         except Failed as failure:
             pause = retry_pause(failure, tries, policy)
             if pause is not None:
                 time.sleep(pause)
                 continue
             return Fetched(reason=failure.reason, status=failure.status, attempts=tries)
-        column = sniff(data)
+        column = sniff(head(reply.body))
         if column is None:
-            return Fetched(reason="not_image", status=status, attempts=tries)
-        return Fetched(data=data, column=column, status=status, attempts=tries)
+            release([reply.body])
+            return Fetched(reason="not_image", status=reply.status, attempts=tries)
+        return Fetched(
+            data=reply.body, column=column, status=reply.status, attempts=tries, sha256=reply.sha256
+        )
     raise AssertionError("unreachable")
 
 
