@@ -30,7 +30,7 @@ from pipeline.output.publish import (
 )
 from pipeline.output.resume import Claim, drop_work, final_files, record_files
 from pipeline.output.retire import shard_written, start_retiring
-from pipeline.output.shard_metadata import plan_metadata_fields
+from pipeline.output.shard_metadata import plan_shard_schema
 from pipeline.output.shard_refs import referring_parts, with_refs
 from pipeline.output.shards import write_shard
 from pipeline.output.stats import timing_columns
@@ -58,9 +58,10 @@ def phase_c(
     specs = plan_layout(groups, kept, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
     parts = sorted({part for share in found for part in share["parts"]})
     candidates = join(groups.work_url, "candidates")
-    fields = plan_metadata_fields(candidates, parts, cfg.storage_options, runner)
+    fields, keys = plan_shard_schema(candidates, parts, cfg.storage_options, runner)
     starts = kept_starts(kept)
-    specs = [spec | {"fields": fields} for spec in specs]  # one parquet schema for all shards
+    # one parquet schema for all shards, and one key set in every sample's json
+    specs = [spec | {"fields": fields, "json_keys": keys} for spec in specs]
     record_files(claim, [name for spec in specs for name in shard_files(spec["name"])])
     done = done_shards(claim)
     todo = [i for i, s in enumerate(specs) if s["name"] not in done]

@@ -9,6 +9,10 @@ each clip keeps its caption and gets `clip_start`/`clip_end` (seconds in the sou
 stats count videos in and clips out. A clip that is the whole video keeps the source value.
 A clip holds only its own video: other video columns of the source (a second encoding, say
 a webm next to the mp4) and frames sampled from the whole source are left out of it.
+A re-encoded clip is H.264 in mp4 whatever the source's container, so it is stored in the
+`mp4` column (`<key>_0000.mp4`: an extension names the container it holds) and its json's
+`source_container` says the source's (`webm`, `mkv`, ...); a whole-video clip keeps the
+source's bytes and column.
 
 The decoder child reads the source by path (a Spilled value, or big bytes written to the
 task's spill folder) and encodes each clip straight into a file there. Clips come back as
@@ -41,7 +45,7 @@ from stages.base import (
     sample_meta,
 )
 from stages.lib.isolation import Isolated
-from stages.lib.video_split import split_video
+from stages.lib.video_split import CLIP_CONTAINER, split_video
 from stages.video_frames import PARENT, decoder_input, isolated_decode
 
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
@@ -100,14 +104,17 @@ class ClipSplit(Stage):
         out = []
         for i, clip in enumerate(self.inline(clips)):
             extra = {"clip_start": clip["start"], "clip_end": clip["end"], "source_key": key}
+            # re-encoded: an mp4 whatever the source was; the whole video: the source as it is
+            video = {col: sample[col]} if clip["data"] is None else {CLIP_CONTAINER: clip["data"]}
+            extra["source_container"] = col
             out.append(
                 sample
                 | others
+                | video
                 | {
                     "__key__": f"{key}_{i:04d}",
                     "__index__": sample["__index__"] + i,
                     PARENT: key,
-                    col: clip["data"] if clip["data"] is not None else sample[col],
                     "json": meta_json(meta | extra, sort_keys=True),
                 }
             )

@@ -218,7 +218,8 @@ def test_a_one_pixel_video_splits_into_2x2_clips():
     clips = build_stage({"name": "clip_split", "mode": "fixed", "window_s": 0.125,
                          "min_clip_s": 0.0})(batch)  # fmt: skip
     assert clips["__drop__"] == [None, None]
-    for data in clips["avi"]:
+    assert clips["avi"] == [None, None]  # re-encoded clips are mp4s, stored as such
+    for data in clips["mp4"]:
         result = sample_video(data, dict(OPTS, num_frames=1))
         assert (result["width"], result["height"]) == (2, 2)
 

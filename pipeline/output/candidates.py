@@ -20,6 +20,7 @@ from core.atomic import open_atomic
 from core.spill import Media, Spilled, media_size, release
 from core.storage import filesystem
 from core.tario import BLOCK, TarWriter, sample_media, write_member
+from pipeline.output.json_fill import JSON_AT
 from pipeline.output.media_index import PartitionMedia, addressed
 from pipeline.output.media_table import payload_digest, record_bytes
 from pipeline.output.resume import Claim
@@ -84,6 +85,8 @@ def write_chunk(
             for c, v in sample.items()
             if not is_media_column(c) and (live or c not in ("txt", "json"))
         }
+        if live:
+            row[JSON_AT] = json_offset(sample)
         if live and media is None:
             row["__offset__"], row["__bytes__"] = writer.add(sample)
         elif live:
@@ -94,6 +97,18 @@ def write_chunk(
 
 
 Member = tuple[str, str, Media, bytes | None]  # name, extension, payload, digest
+
+
+def json_offset(sample: dict[str, Any]) -> int:
+    """Where the sample's json member starts in its record, or would start (members are in
+    sorted extension order): phase C rewrites it there without reading the tar
+    (pipeline/output/json_fill.py)."""
+    at, cut = 0, len(sample["__key__"]) + 1
+    for name, data in sample_media(sample):
+        if name[cut:] >= "json":
+            break
+        at += record_bytes(name, media_size(data))
+    return at
 
 
 def addressed_members(samples: list[dict[str, Any]]) -> list[list[Member]]:

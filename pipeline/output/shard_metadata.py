@@ -20,23 +20,27 @@ from core.storage import (
     join,
     with_retries,
 )
+from pipeline.output.json_fill import JSON_AT, json_keys
 
 FIELDS_KEY = b"mmcurate.fields"  # in a candidate metadata file's footer: its field kinds
+JSON_KEYS_KEY = b"mmcurate.json_keys"  # ... and the keys of its samples' json objects
 
 
 def metadata_name(part: int) -> str:
     return f"part-{part:06d}.parquet"
 
 
-def spec_metadata(candidates_url: str, spec: dict, storage_options: dict) -> list[dict]:
-    """Per-sample metadata rows of the spec's samples, from the candidates' metadata tables."""
-    rows: list[dict[str, Any]] = []
+def spec_records(
+    candidates_url: str, spec: dict, storage_options: dict
+) -> dict[int, dict[str, dict]]:
+    """The candidate metadata records (key, caption, json, json offset) of the spec's
+    partitions, by partition and key (only the spec's samples kept)."""
+    records: dict[int, dict[str, dict]] = {}
     for part, spans in spec["parts"]:
-        by_key = {
-            r["__key__"]: r for r in read_candidate_metadata(candidates_url, part, storage_options)
-        }
-        rows.extend(metadata_row(by_key[key]) for key, _, _ in spans)
-    return rows
+        wanted = {key for key, _, _ in spans}
+        found = read_candidate_metadata(candidates_url, part, storage_options)
+        records[part] = {r["__key__"]: r for r in found if r["__key__"] in wanted}
+    return records
 
 
 def read_candidate_metadata(candidates_url: str, part: int, storage_options: dict) -> list[dict]:
@@ -46,6 +50,7 @@ def read_candidate_metadata(candidates_url: str, part: int, storage_options: dic
 
 
 def metadata_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A shard metadata parquet's row: key, caption, then the json's fields."""
     row = {"key": record["__key__"], "caption": record.get("txt")}
     row.update({k: v for k, v in sample_meta(record.get("json")).items() if k not in row})
     return row
@@ -107,59 +112,88 @@ def record_fields(records: list[dict[str, Any]]) -> dict[str, str]:
 
 def candidate_metadata(samples: list[dict[str, Any]]) -> pa.Table:
     """A partition's candidate metadata (phase A): key, caption and JSON text of its live
-    samples; the footer carries their field kinds, so the build's schema is planned from
-    footers alone (`part_fields`)."""
+    samples, and where each json member starts in its record (`__json_at__`); the footer
+    carries their field kinds and json keys, so the build's schema and key set are planned
+    from footers alone (`part_schema`)."""
     columns = ("__key__", "txt", "json")
     table = pa.table({c: pa.array([s.get(c) for s in samples], pa.string()) for c in columns})
-    fields = record_fields(table.to_pylist())  # as the rows read back
-    return table.replace_schema_metadata({FIELDS_KEY: json.dumps(fields)})
+    table = table.append_column(JSON_AT, pa.array([s.get(JSON_AT) for s in samples], pa.int64()))
+    rows = table.to_pylist()  # as the rows read back
+    keys = sorted({key for row in rows for key in json_keys(row["json"])})
+    footer = {FIELDS_KEY: json.dumps(record_fields(rows)), JSON_KEYS_KEY: json.dumps(keys)}
+    return table.replace_schema_metadata(footer)
 
 
-def part_fields(candidates_url: str, parts: list[int], storage_options: dict) -> dict[str, str]:
-    """Field kinds of some partitions' candidate metadata (a task body)."""
+Schema = tuple[dict[str, str], list[str]]  # (metadata field kinds, json keys, sorted)
+
+
+def part_schema(candidates_url: str, parts: list[int], storage_options: dict) -> Schema:
+    """Field kinds and json keys of some partitions' candidate metadata (a task body)."""
     fields: dict[str, str] = {}
+    keys: set[str] = set()
     for part in parts:
         fs, path = filesystem(join(candidates_url, metadata_name(part)), storage_options)
-        found = with_retries(lambda: footer_fields(fs, path))  # noqa: B023
-        if found is None:  # written without them (by an older mmcurate): from the rows
+        found, found_keys = with_retries(lambda: footer_schema(fs, path))  # noqa: B023
+        if found is None or found_keys is None:  # by an older mmcurate: from the rows
             rows = read_candidate_metadata(candidates_url, part, storage_options)
-            found = record_fields(rows)
+            found = record_fields(rows) if found is None else found
+            if found_keys is None:
+                found_keys = [key for row in rows for key in json_keys(row.get("json"))]
         fields = merge_fields(fields, found)
-    return fields
+        keys.update(found_keys)
+    return fields, sorted(keys)
 
 
-def footer_fields(fs: Any, path: str) -> dict[str, str] | None:
-    """The field kinds in a candidate metadata file's footer; None if it has none."""
+def footer_schema(fs: Any, path: str) -> tuple[dict[str, str] | None, list[str] | None]:
+    """The field kinds and json keys in a candidate metadata file's footer (None: absent)."""
     with fs.open(path, "rb") as f:
         footer = pq.ParquetFile(f).schema_arrow.metadata or {}
-    return json.loads(footer[FIELDS_KEY]) if FIELDS_KEY in footer else None
+    fields = json.loads(footer[FIELDS_KEY]) if FIELDS_KEY in footer else None
+    keys = json.loads(footer[JSON_KEYS_KEY]) if JSON_KEYS_KEY in footer else None
+    return fields, keys
 
 
-def plan_metadata_fields(
+def plan_shard_schema(
     candidates_url: str, parts: list[int], storage_options: dict, runner: Runner
-) -> dict[str, str]:
-    """The build's metadata fields, from every listed partition's candidates, in tasks of a
-    few partitions each; pass the result as each shard spec's `fields`."""
+) -> Schema:
+    """The build's metadata fields and json keys, from every listed partition's candidates,
+    in tasks of a few partitions each; pass them as each shard spec's `fields` and
+    `json_keys`. The driver holds one footer's worth per task, never the rows."""
     per_task = max(1, -(-len(parts) // (4 * runner.parallelism)))
     calls = [
         (candidates_url, parts[i : i + per_task], storage_options)
         for i in range(0, len(parts), per_task)
     ]
-    fields = row_fields([])
-    for found in runner.run(part_fields, calls):
+    fields, keys = row_fields([]), set()
+    for found, found_keys in runner.run(part_schema, calls):
         fields = merge_fields(fields, found)
-    return fields
+        keys.update(found_keys)
+    return fields, sorted(keys)
 
 
-def metadata_table(rows: list[dict[str, Any]], fields: dict[str, str] | None = None) -> pa.Table:
+def plan_metadata_fields(
+    candidates_url: str, parts: list[int], storage_options: dict, runner: Runner
+) -> dict[str, str]:
+    """The build's metadata fields alone (plan_shard_schema)."""
+    return plan_shard_schema(candidates_url, parts, storage_options, runner)[0]
+
+
+def metadata_table(
+    rows: list[dict[str, Any]], fields: dict[str, str] | None = None, keys: list[str] | None = None
+) -> pa.Table:
     """Rows as a table with the given field kinds (else the rows' own): `key` first, the rest
-    sorted by name. JSON-kind columns hold JSON text; a row missing a field holds null."""
+    sorted by name. JSON-kind columns hold JSON text; a row missing a field holds null. The
+    footer keeps the kinds and the build's json keys (pipeline/output/hf_features.py)."""
     fields = row_fields(rows) if fields is None else fields
     names = sorted(fields, key=lambda n: (n != "key", n))
-    return pa.table(
+    table = pa.table(
         {name: metadata_column([row.get(name) for row in rows], fields[name]) for name in names},
         schema=pa.schema([(name, ARROW_TYPES[fields[name]]) for name in names]),
     )
+    footer = {FIELDS_KEY: json.dumps(fields)}
+    if keys is not None:
+        footer[JSON_KEYS_KEY] = json.dumps(keys)
+    return table.replace_schema_metadata(footer)
 
 
 def metadata_column(values: list[Any], kind: str) -> pa.Array:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from core.storage import join
 from core.tar_writer import BLOCK, member_header
 from pipeline.output.groups import Groups, read_parquet
+from pipeline.output.json_fill import Fill, apply_fill
 from pipeline.output.media_table import media_name, record_bytes
 from pipeline.output.resume import Claim
 
@@ -84,12 +85,17 @@ def sample_pieces(part: int, span: tuple[str, int, int], refs: list[dict]) -> li
     return pieces
 
 
-def part_pieces(part: int, spans: list, refs: dict[str, list[dict]]) -> list[Piece]:
-    """A partition's spans as pieces, adjacent ranges of one candidate joined."""
+def part_pieces(
+    part: int, spans: list, refs: dict[str, list[dict]], fills: dict[str, Fill] | None = None
+) -> list[Piece]:
+    """A partition's spans as pieces, adjacent ranges of one candidate joined; a sample with
+    a fill gets its new json member (pipeline/output/json_fill.py)."""
     pieces: list[Piece] = []
     for span in spans:
         found = refs.get(span[0])
         more = sample_pieces(part, span, found) if found else [(part, span[1], span[1] + span[2])]
+        if fills and span[0] in fills:
+            more = apply_fill(more, fills[span[0]])
         for piece in more:
             last = pieces[-1] if pieces else None
             if isinstance(piece, tuple) and isinstance(last, tuple) and last[0] == piece[0]:

@@ -12,7 +12,8 @@ from core.storage import join
 from pipeline.output.embeddings import EMBEDDING_COLUMNS
 from stages.base import DROP, DROP_STAGE, is_media_column
 
-NOT_SIGNATURE = {"txt", "json"}  # plus every media column (is_media_column)
+# plus every media column (is_media_column); `__json_at__` goes to the candidate metadata
+NOT_SIGNATURE = {"txt", "json", "__json_at__"}
 UNPUBLISHED = {"thumb"}  # near_dedupe's 32x32 thumbnails: phase B reads them, users need not
 
 

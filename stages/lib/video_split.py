@@ -4,8 +4,10 @@ Boundaries: `fixed` windows of `window_s` every `stride_s`; or `scenes`: hard cu
 mean absolute difference of consecutive analysed frames (grey, 32x32, `analysis_fps` frames a
 second) exceeds `threshold` (0-255). Clips shorter than `min_clip_s` are left out. A clip that
 is the whole video keeps the source value; any other is re-encoded with PyAV (H.264 in mp4,
-same size and frame rate, video only, upright). Times are the frames' own timestamps, so a
-variable-frame-rate video is cut where its frames are shown.
+same size and frame rate, video only, upright), whatever the source's container (webm, mkv,
+mov, avi): its column is CLIP_CONTAINER, so the member's extension names what it holds.
+Times are the frames' own timestamps, so a variable-frame-rate video is cut where its frames
+are shown.
 
 The source is bytes or a Spilled file (read by path as it is decoded, never whole). Given a
 `prefix` (a folder and a name start), each clip is encoded straight into its own file
@@ -27,6 +29,8 @@ import numpy as np
 
 from core.spill import Media, Spilled
 from stages.lib.video_decode import NoFrames, NoVideoStream, media_source, refuse_images, upright
+
+CLIP_CONTAINER = "mp4"  # what ClipWriter writes: a re-encoded clip's column and extension
 
 
 def fixed_bounds(duration: float, window: float, stride: float) -> list[tuple[float, float]]:
@@ -156,7 +160,7 @@ class ClipTargets:
         if self.prefix is None:
             return None
         self.count += 1
-        return f"{self.prefix}-{self.count - 1:05d}.mp4"
+        return f"{self.prefix}-{self.count - 1:05d}.{CLIP_CONTAINER}"
 
     def copy(self, clip: Spilled) -> Spilled:
         """A second file with the same clip (two windows that hold the same frames)."""
@@ -203,7 +207,7 @@ class ClipWriter:
         self, fps: float, size: tuple[int, int], rotation: int = 0, path: str | None = None
     ) -> None:
         self.path, self.out = path, io.BytesIO()
-        self.box = av.open(path if path is not None else self.out, "w", format="mp4")
+        self.box = av.open(path if path is not None else self.out, "w", format=CLIP_CONTAINER)
         self.stream = self.box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         self.rotation = rotation
         width, height = size[::-1] if rotation % 180 == 90 else size
