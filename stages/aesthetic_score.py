@@ -27,6 +27,7 @@ from stages.clip_score import (
     mean_per_sample,
     picture_batches,
     pictures_of,
+    prepared,
     with_fields,
 )
 from stages.lib.aesthetic_head import AestheticHead, load_head
@@ -128,15 +129,7 @@ class AestheticScore(KeepsTopFraction, ModelStage):
         if not media:
             return {}
         encoder = self.encoder or self.local_model()
-        pixels, _ = encoder.prepare([data for pictures in media.values() for data in pictures])
-        good, at = [], 0
-        for i, pictures in media.items():
-            mine = [p for p in pixels[at : at + len(pictures)] if p is not None]
-            at += len(pictures)
-            if mine:
-                good.append((i, mine))
-            else:
-                reasons[i] = "decode_error"
+        good = prepared(encoder, media, reasons)
         found: dict[int, np.ndarray] = {}
         for chunk in picture_batches(good, self.options.batch_size):
             image, _ = encoder.encode(np.stack([p for _, frames in chunk for p in frames]), None)

@@ -159,7 +159,8 @@ class DecodeImage(Stage):
         if too_big(data):
             return None, {}, "too_big"
         try:
-            image = open_image(data)  # a spilled file by path: the pixel limits bound memory
+            # a spilled file by path; max_pixels checked below, with this stage's own option
+            image = open_image(data, max_pixels=None)
             meta = {"original_width": image.width, "original_height": image.height}
             problem = size_problem(image.width, image.height, opts)
             if problem:

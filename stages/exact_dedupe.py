@@ -24,7 +24,7 @@ from core.spill import COPY_BLOCK, Spilled
 from stages.base import Columns, Stage, StageOptions, media_column, register
 from stages.lib.decisions import KeyedDecision, split_by
 from stages.lib.dedupe_common import Decisions, keepers, live_rows, priority_rank
-from stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, too_big, upright
+from stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, too_big, upright
 
 RANKED_BY = ("clip_score",)  # read where the build has it (identical images tie on size)
 DROPPED = ("sha256", *RANKED_BY)  # columns the decisions do not carry
@@ -79,8 +79,8 @@ class ExactDedupe(Stage):
             return None, "too_big"
         try:
             return pixels_sha256(data), None
-        except DECODE_ERRORS:
-            return None, "decode_error"
+        except DECODE_ERRORS as err:  # too_many_pixels from the header, or decode_error
+            return None, failure_reason(err)
 
     def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
         live = live_rows(signatures, "sha256")

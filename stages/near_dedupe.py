@@ -59,7 +59,7 @@ from stages.lib.hamming import (
 from stages.lib.hamming_plan import TablePlan, plan_tables
 from stages.lib.image_hash import image_signals
 from stages.lib.near_verify import candidate_entries, class_leaders, verify_pairs
-from stages.lib.pixels import DECODE_ERRORS, too_big
+from stages.lib.pixels import DECODE_ERRORS, failure_reason, too_big
 
 log = logging.getLogger("mmcurate.near_dedupe")
 ENTRY_BYTES = 16  # one routed (hash, id) pair
@@ -103,8 +103,8 @@ class NearDedupe(Stage):
                 continue
             try:
                 full, crops, thumb, decoded = image_signals(picture, self.options.hash)
-            except DECODE_ERRORS:
-                reasons[row] = "decode_error"
+            except DECODE_ERRORS as err:  # too_many_pixels from the header, or decode_error
+                reasons[row] = failure_reason(err)
                 continue
             width, height = original_size(batch.get("json"), row, decoded)
             for column, value in zip(

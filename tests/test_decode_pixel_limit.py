@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -73,3 +74,87 @@ def test_an_image_over_a_limit_lowered_after_setup_is_a_size_drop_not_a_crash(mo
     out = stage(batch_of([jpeg((100, 100)), jpeg((20, 20))]))  # 10,000 > 2 x 1,000
     assert out[DROP] == ["too_many_pixels", None]
     assert Image.open(io.BytesIO(out["jpg"][1])).size == (20, 20)
+
+
+# ---- every stage that decodes applies decode_image's limit from the header (issue 45) ----
+
+HUGE_SIDE = 12_000  # 144 million pixels: over decode_image's 100 million, under 2 x PIL's
+
+
+@pytest.fixture(scope="module")
+def huge_png(tmp_path_factory) -> bytes:
+    """A real, decodable 12,000 x 12,000 PNG of about 18 KB (blank 1-bit compresses well);
+    decoded to RGB it is 432 MB."""
+    path = tmp_path_factory.mktemp("huge") / "huge.png"
+    Image.new("1", (HUGE_SIDE, HUGE_SIDE)).save(path, "PNG")
+    return path.read_bytes()
+
+
+def aesthetic_weights(folder) -> str:
+    import torch
+
+    torch.manual_seed(0)
+    path = str(folder / "head.pth")
+    torch.save(torch.nn.Linear(64, 1).state_dict(), path)
+    return path
+
+
+TINY = {"model": "mmcurate-tiny", "pretrained": None, "num_gpus": 0}
+DECODING_STAGES = {
+    "clip_score": lambda d: {"name": "clip_score", **TINY},
+    "aesthetic_score": lambda d: {
+        "name": "aesthetic_score",
+        "weights": aesthetic_weights(d),
+        **TINY,
+    },
+    "semantic_dedupe": lambda d: {
+        "name": "semantic_dedupe",
+        "model": "mmcurate-tiny",
+        "pretrained": None,
+    },
+    "exact_dedupe of pixels": lambda d: {"name": "exact_dedupe", "of": "pixels"},
+    "near_dedupe": lambda d: {"name": "near_dedupe"},
+    "aspect_buckets": lambda d: {"name": "aspect_buckets", "preset": "sdxl"},
+    "decode_image": lambda d: {"name": "decode_image"},
+}
+
+
+@pytest.mark.parametrize("name", DECODING_STAGES)
+def test_every_decoding_stage_drops_a_huge_image_as_decode_image_does(tmp_path, huge_png, name):
+    stage = build_stage(DECODING_STAGES[name](tmp_path))
+    stage.setup()
+    small = jpeg((1024, 1024))
+    out = stage(batch_of([small, huge_png]))
+    assert out[DROP] == [None, "too_many_pixels"]
+
+
+PEAK_SCRIPT = """
+import resource, sys
+from stages.registry import build_stage
+from tests.test_stages import batch_of, jpeg
+stage = build_stage({"name": "aesthetic_score", "weights": sys.argv[1], "model": "mmcurate-tiny",
+                     "pretrained": None, "num_gpus": 0})
+stage.setup()
+stage(batch_of([jpeg((64, 64))]))  # the model loaded and run once: its peak is behind us
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = stage(batch_of([open(sys.argv[2], "rb").read()]))
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(out["__drop__"][0], grown // 1024)
+"""
+
+
+def test_a_model_stage_listed_first_never_decodes_the_huge_image(tmp_path, huge_png):
+    """The issue's case in a fresh process: aesthetic_score first, one 12,000 x 12,000 PNG.
+    Decoded, the worker's peak grew by about 600 MB; refused from its header, by nothing."""
+    png = tmp_path / "huge.png"
+    png.write_bytes(huge_png)
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, aesthetic_weights(tmp_path), str(png)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    reason, grown_mib = out.stdout.split()
+    assert reason == "too_many_pixels"
+    assert int(grown_mib) < 64  # RGB of it alone is 412 MiB

@@ -5,7 +5,8 @@ Rounds, each reading one fate per group and writing the next (pipeline/output/gr
 - `001`: repeated keys (keys are unique in the output: the first live row in input order keeps
   a key);
 - one round per global stage, in stage order, run as its `decide_plan()` says
-  (stages/lib/decisions.py): a keyed shuffle, an exact top fraction, or its whole-table
+  (stages/lib/decisions.py): a keyed shuffle, an exact top fraction (of the rows that reached
+  the stage, pipeline/decide/top_fraction.py), or its whole-table
   `decide()` on the live rows' `decide_columns` gathered into one task.
 A round's decisions are tables of (`__part__`, `__index__`, `reason`, `kept`) per group;
 applying them sets the drop reason, the stage label and `duplicate_of` of rows still live.
@@ -34,6 +35,7 @@ from pipeline.output.groups import (
 )
 from stages.base import DROP, DROP_STAGE, Stage
 from stages.lib.decisions import REPEATED_KEYS, KeyedDecision, TopFraction
+from stages.registry import stage_order
 
 log = logging.getLogger("mmcurate.decide")
 
@@ -52,12 +54,22 @@ def decide(groups: Groups, stages: list[Stage], runner: Runner) -> str:
         if isinstance(plan, KeyedDecision):
             keyed_round(groups, (current, following), label, plan, runner)
         elif isinstance(plan, TopFraction):
-            top_round(groups, (current, following), label, plan, runner)
+            top_round(groups, (current, following), label, plan, runner, reached_by(stage, stages))
         else:
             gather_round(groups, (current, following), label, stage, runner)
         drop_scratch(groups, [f"fate-{current}", f"shuffle-{following}"])
         current = following
     return current
+
+
+def reached_by(stage: Stage | None, stages: list[Stage]) -> frozenset[str]:
+    """Labels of the stages listed after `stage` whose per-sample work ran after its own: the
+    rows they dropped had reached `stage` (its keep_top_fraction counts them)."""
+    if stage is None:
+        return frozenset()
+    ordered = stage_order(stages)
+    after = ordered[ordered.index(stage) + 1 :]
+    return frozenset(s.label for s in after if s.index > stage.index)
 
 
 def drop_scratch(groups: Groups, folders: list[str]) -> None:

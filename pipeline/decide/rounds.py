@@ -61,16 +61,27 @@ def write_decisions(groups: Groups, round_name: str, source: int, decisions: pa.
 
 
 def apply_round(
-    groups: Groups, names: tuple[str, str], label: str, written: list[set[int]], runner: Runner
+    groups: Groups,
+    names: tuple[str, str],
+    label: str,
+    written: list[set[int]],
+    runner: Runner,
+    replaces: frozenset[str] = frozenset(),
 ) -> None:
-    """Every group's next fate: `written[source]` are the groups source `source` decided on."""
+    """Every group's next fate: `written[source]` are the groups source `source` decided on.
+    A decision also replaces a drop by one of the stages labelled in `replaces`."""
     sources = [[s for s, gs in enumerate(written) if g in gs] for g in range(groups.count)]
-    calls = [(groups, names, g, sources[g], label) for g in range(groups.count)]
+    calls = [(groups, names, g, sources[g], label, replaces) for g in range(groups.count)]
     runner.run(apply_group, calls)
 
 
 def apply_group(
-    groups: Groups, names: tuple[str, str], group: int, sources: list[int], label: str
+    groups: Groups,
+    names: tuple[str, str],
+    group: int,
+    sources: list[int],
+    label: str,
+    replaces: frozenset[str] = frozenset(),
 ) -> None:
     """Task body: one group's fate after this round's decisions."""
     current, following = names
@@ -80,12 +91,15 @@ def apply_group(
             read_parquet(decision_url(groups, following, s, group), groups.storage_options)
             for s in sources
         ]
-        fate = apply_decisions(fate, pa.concat_tables(tables), label)
+        fate = apply_decisions(fate, pa.concat_tables(tables), label, replaces)
     write_fate(groups, following, group, fate)
 
 
-def apply_decisions(fate: pa.Table, decisions: pa.Table, label: str) -> pa.Table:
-    """Set drop reason, stage and kept key of the decided rows that are still live."""
+def apply_decisions(
+    fate: pa.Table, decisions: pa.Table, label: str, replaces: frozenset[str] = frozenset()
+) -> pa.Table:
+    """Set drop reason, stage and kept key of the decided rows that are still live (or
+    dropped by a stage in `replaces`: listed after this one, its drop came second)."""
     rows = fate.select(["__part__", "__index__"]).append_column(
         "__row__", pa.array(np.arange(fate.num_rows))
     )
@@ -94,7 +108,7 @@ def apply_decisions(fate: pa.Table, decisions: pa.Table, label: str) -> pa.Table
     drop = fate[DROP].to_numpy(zero_copy_only=False).astype(object)
     stage = fate[DROP_STAGE].to_numpy(zero_copy_only=False).astype(object)
     kept = fate["duplicate_of"].to_numpy(zero_copy_only=False).astype(object)
-    live = np.array([drop[i] is None for i in at], dtype=bool)
+    live = np.array([drop[i] is None or stage[i] in replaces for i in at], dtype=bool)
     at = at[live]
     drop[at] = np.asarray(matched["reason"].to_numpy(zero_copy_only=False), object)[live]
     stage[at] = label

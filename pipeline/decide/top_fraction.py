@@ -8,6 +8,12 @@ counts that bucket's low 16 bits, which gives the exact threshold code; round th
 keys tied at exactly that code (few: equal float32 scores), and the driver takes the smallest
 ones. Then each group drops its rows below the threshold. NaN ranks below every number (Arrow
 sorts NaN last), -0.0 equals 0.0.
+
+N counts the rows that reached the stage: the live ones, and those that a stage listed after
+it dropped after the score was written (aspect_buckets waits for the score it reads, and the
+model stages' per-sample work runs in list order): without them, 0.5 kept 9 of 21, not 11.
+Such a row that ranks below the threshold is this stage's drop, as the list order says; the
+stats then count it here.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.decide.rounds import apply_round, live_table, write_decisions
-from pipeline.output.groups import Groups
+from pipeline.decide.rounds import ROW_ID, apply_round, write_decisions
+from pipeline.output.groups import Groups, read_fate, read_group
+from stages.base import DROP, DROP_STAGE
 from stages.lib.decisions import TopFraction, top_count
 
 if TYPE_CHECKING:
@@ -37,10 +44,17 @@ def score_codes(scores: np.ndarray) -> np.ndarray:
 
 
 def top_round(
-    groups: Groups, names: tuple[str, str], label: str, plan: TopFraction, runner: Runner
+    groups: Groups,
+    names: tuple[str, str],
+    label: str,
+    plan: TopFraction,
+    runner: Runner,
+    later: frozenset[str] = frozenset(),
 ) -> None:
-    """Find the exact threshold in three counting rounds, then drop below it per group."""
-    calls = [(groups, names[0], g, plan.column, None) for g in range(groups.count)]
+    """Find the exact threshold in three counting rounds, then drop below it per group.
+    `later`: labels of the stages listed after this one whose drops came after its score
+    (their rows reached it)."""
+    calls = [(groups, names[0], g, plan.column, None, later) for g in range(groups.count)]
     high = np.sum(runner.run(code_histogram, calls), axis=0)
     total = int(high.sum())
     keep = top_count(plan.fraction, total)
@@ -48,15 +62,16 @@ def top_round(
         apply_round(groups, names, label, [], runner)
         return
     bucket, need = threshold_bucket(high, keep)
-    calls = [(groups, names[0], g, plan.column, bucket) for g in range(groups.count)]
+    calls = [(groups, names[0], g, plan.column, bucket, later) for g in range(groups.count)]
     low, need = threshold_bucket(np.sum(runner.run(code_histogram, calls), axis=0), need)
     code = (bucket << 16) | low
-    calls = [(groups, names[0], g, plan.column, code) for g in range(groups.count)]
+    calls = [(groups, names[0], g, plan.column, code, later) for g in range(groups.count)]
     tied = sorted(key for keys in runner.run(tied_keys, calls) for key in keys)
     last_key = tied[need - 1] if need else None
-    calls = [(groups, names, g, plan, code, last_key) for g in range(groups.count)]
+    calls = [(groups, names, g, plan, code, last_key, later) for g in range(groups.count)]
     written = runner.run(drop_below, calls)
-    apply_round(groups, names, label, [{g} if w else set() for g, w in enumerate(written)], runner)
+    decided = [{g} if w else set() for g, w in enumerate(written)]
+    apply_round(groups, names, label, decided, runner, replaces=later)
 
 
 def threshold_bucket(counts: np.ndarray, keep: int) -> tuple[int, int]:
@@ -69,23 +84,41 @@ def threshold_bucket(counts: np.ndarray, keep: int) -> tuple[int, int]:
     return bucket, keep - before
 
 
-def live_scores(groups: Groups, round_name: str, group: int, column: str) -> pa.Table:
-    return live_table(groups, round_name, group, [column])
+def reached_scores(
+    groups: Groups, round_name: str, group: int, column: str, later: frozenset[str]
+) -> pa.Table:
+    """A group's scored rows that reached the stage: live after `round_name`, or dropped by
+    one of the `later` stages."""
+    table = read_group(groups, group, list(dict.fromkeys([*ROW_ID, column])))
+    fate = read_fate(groups, round_name, group)
+    reached = pc.or_(
+        pc.is_null(fate[DROP]),
+        pc.is_in(fate[DROP_STAGE], pa.array(sorted(later), pa.string())),
+    )
+    return table.filter(pc.and_(pc.fill_null(reached, False), pc.is_valid(table[column])))
 
 
 def code_histogram(
-    groups: Groups, round_name: str, group: int, column: str, bucket: int | None
+    groups: Groups,
+    round_name: str,
+    group: int,
+    column: str,
+    bucket: int | None,
+    later: frozenset[str],
 ) -> np.ndarray:
     """Task body: counts per top 16 bits of the codes, or per low 16 bits within `bucket`."""
-    codes = score_codes(live_scores(groups, round_name, group, column)[column].to_numpy())
+    table = reached_scores(groups, round_name, group, column, later)
+    codes = score_codes(table[column].to_numpy())
     if bucket is None:
         return np.bincount(codes >> 16, minlength=BUCKETS)
     return np.bincount(codes[codes >> 16 == bucket] & 0xFFFF, minlength=BUCKETS)
 
 
-def tied_keys(groups: Groups, round_name: str, group: int, column: str, code: int) -> list[str]:
-    """Task body: keys of the live rows whose score code is exactly `code`."""
-    table = live_scores(groups, round_name, group, column)
+def tied_keys(
+    groups: Groups, round_name: str, group: int, column: str, code: int, later: frozenset[str]
+) -> list[str]:
+    """Task body: keys of the reached rows whose score code is exactly `code`."""
+    table = reached_scores(groups, round_name, group, column, later)
     tied = score_codes(table[column].to_numpy()) == code
     return table["__key__"].filter(pa.array(tied)).to_pylist()
 
@@ -97,9 +130,10 @@ def drop_below(
     plan: TopFraction,
     code: int,
     last_key: str | None,
+    later: frozenset[str],
 ) -> bool:
     """Task body: write this group's decisions (rows below the threshold); whether any."""
-    table = live_scores(groups, names[0], group, plan.column)
+    table = reached_scores(groups, names[0], group, plan.column, later)
     codes = score_codes(table[plan.column].to_numpy())
     below = codes < code
     at = codes == code

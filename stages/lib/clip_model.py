@@ -21,7 +21,7 @@ import numpy as np
 
 from core.config_io import ConfigError
 from core.formats import CHECKPOINT_FORMAT
-from stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, upright
+from stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, upright
 
 
 def resolve_device(device: str) -> str:
@@ -152,7 +152,8 @@ class ClipModel:
 def prepare_images(
     images: list[bytes], pil_transform: Any, side: int
 ) -> tuple[list[np.ndarray | None], list[str | None]]:
-    """Decode and transform each image to uint8 HWC; None and `decode_error` when it fails.
+    """Decode and transform each image to uint8 HWC; None and the drop reason when it fails
+    (`too_many_pixels` from the header alone, as decode_image, else `decode_error`).
     JPEGs decode in draft mode at the smallest scale still >= `side` (the model's input)."""
     pixels: list[np.ndarray | None] = []
     reasons: list[str | None] = []
@@ -163,9 +164,9 @@ def prepare_images(
                 picture = to_rgb(upright(image))
                 pixels.append(np.asarray(pil_transform(picture), np.uint8))
             reasons.append(None)
-        except DECODE_ERRORS:
+        except DECODE_ERRORS as err:
             pixels.append(None)
-            reasons.append("decode_error")
+            reasons.append(failure_reason(err))
     return pixels, reasons
 
 

@@ -4,6 +4,10 @@ exact_dedupe of pixels, the perceptual hashes, the CLIP model's input).
 - `upright`: the EXIF orientation applied. Only the orientation tag is read: Pillow's
   `ImageOps.exif_transpose` also rewrites the rest of the EXIF block, and one odd tag there
   (text in a number field) raised `struct.error`, which stopped the whole build.
+- `open_image`: the one place a stage turns bytes into an image. It reads the header only and
+  refuses an image over `MAX_PIXELS` (`TooManyPixels`, dropped as `too_many_pixels`, the
+  reason decode_image gives) before any pixel is decoded: a 12,000 x 12,000 PNG reaching a
+  model stage first took a 1.9 GiB worker. `failure_reason` names any decoding error.
 - `to_rgb` / `to_grey`: any mode to 8 bits. 16-bit, 32-bit and float grey are scaled by their
   range; Pillow's own `convert` clips them (every 16-bit value over 255 became white, so
   distinct 16-bit images all hashed alike), and float images came out black.
@@ -27,11 +31,31 @@ SPILLED_IMAGE_MAX = 1 << 30
 # A stage that must hold the encoded bytes (clip_score: they may go to an actor) reads a
 # spilled image whole only up to this size; larger ones are `too_big`.
 READ_IMAGE_MAX = 256 << 20
+# decode_image's default `max_pixels`: every other stage that decodes refuses larger images
+# from their header (a decoded 100-megapixel RGB image is already 300 MB).
+MAX_PIXELS = 100_000_000
+TOO_MANY_PIXELS = "too_many_pixels"
 
 
-def open_image(value: bytes | Spilled) -> Image.Image:
-    """A PIL image over bytes or a spilled file (by path: Pillow reads what it decodes)."""
-    return Image.open(value.path if isinstance(value, Spilled) else io.BytesIO(value))
+class TooManyPixels(Image.DecompressionBombError):
+    """An image whose header claims more pixels than a stage decodes (a DecompressionBombError,
+    like Pillow's own, so every handler of one handles both)."""
+
+
+def open_image(value: bytes | Spilled, max_pixels: int | None = MAX_PIXELS) -> Image.Image:
+    """A PIL image over bytes or a spilled file (by path: Pillow reads what it decodes), its
+    header read and nothing decoded; TooManyPixels over `max_pixels` (None: the caller
+    checks the size itself, as decode_image does with its own option)."""
+    image = Image.open(value.path if isinstance(value, Spilled) else io.BytesIO(value))
+    if max_pixels is not None and image.width * image.height > max_pixels:
+        image.close()
+        raise TooManyPixels(f"{image.width} x {image.height} is over {max_pixels:,} pixels")
+    return image
+
+
+def failure_reason(err: BaseException) -> str:
+    """The drop reason for an error out of decoding (one of DECODE_ERRORS)."""
+    return TOO_MANY_PIXELS if isinstance(err, Image.DecompressionBombError) else "decode_error"
 
 
 def too_big(value: Any, limit: int = SPILLED_IMAGE_MAX) -> bool:
