@@ -112,6 +112,7 @@ class ClipScore(KeepsTopFraction, ModelStage):
     produces = frozenset({"clip_score", "embedding", "text_embedding"})
     Options = ClipScoreOptions
     is_global = True  # keep_top_fraction decides over the whole dataset
+    keeps_blank_captions = False  # a later recaption captions them (set by its bind_clip)
 
     def check(self) -> None:
         check_model(self.options.model, self.options.pretrained, f"stages.{self.index}")
@@ -128,33 +129,30 @@ class ClipScore(KeepsTopFraction, ModelStage):
         size = len(batch["__key__"])
         reasons: list[str | None] = [None] * size
         media: dict[int, list[bytes]] = {}
+        if self.keeps_blank_captions:
+            batch.setdefault("txt", [None] * size)  # a source without captions: all blank
         for i in range(size):
             caption = (batch.get("txt") or [None] * size)[i]
             pictures = pictures_of(batch, i)
             if not pictures:
                 reasons[i] = "no_image"
-            elif not caption or not caption.strip():
+            elif (not caption or not caption.strip()) and not self.keeps_blank_captions:
                 reasons[i] = "missing_caption"
             elif any(too_big(p, READ_IMAGE_MAX) for p in pictures):
                 reasons[i] = "too_big"  # a spilled file: read whole below, so only when sane
             else:
                 media[i] = [media_bytes(p) for p in pictures]  # bytes may go to an actor
         encoder = self.encoder or self.local_model()
-        flat = [data for pictures in media.values() for data in pictures]
-        pixels, _ = encoder.prepare(flat)
-        good, at = [], 0
-        for i, pictures in media.items():
-            mine = [p for p in pixels[at : at + len(pictures)] if p is not None]
-            at += len(pictures)
-            if mine:
-                good.append((i, mine))
-            else:
-                reasons[i] = "decode_error"
+        good = prepared(encoder, media, reasons)
         scores = self.score_rows(batch, good, encoder)
+        blank = [i for i in scores if not (batch["txt"][i] or "").strip()]
         for i, score in scores.items():
-            reasons[i] = self.filter_reason(score)
+            reasons[i] = None if i in blank else self.filter_reason(score)
         if self.options.concepts and scores:
             self.score_concepts(batch, list(scores), encoder, reasons)
+        for i in blank:  # no caption, no score: the recaption after this stage writes both
+            batch["clip_score"][i] = batch["text_embedding"][i] = None
+            batch["json"][i] = with_fields(batch["json"][i], {"clip_score": None})
         return batch, reasons
 
     def score_concepts(
@@ -188,7 +186,7 @@ class ClipScore(KeepsTopFraction, ModelStage):
         scores: dict[int, float] = {}
         for chunk in picture_batches(good, self.options.batch_size):
             pixels = np.stack([p for _, frames in chunk for p in frames])
-            image, text = encoder.encode(pixels, [batch["txt"][i] for i, _ in chunk])
+            image, text = encoder.encode(pixels, [batch["txt"][i] or "" for i, _ in chunk])
             image = mean_per_sample(image, [len(frames) for _, frames in chunk])
             for (i, _), img, txt in zip(chunk, image, text, strict=True):
                 score = round(float(np.dot(img, txt)), 6)
@@ -224,6 +222,25 @@ def pictures_of(batch: Columns, row: int) -> list[bytes]:
         return [batch[col][row]]
     frames = sorted(c for c in batch if FRAME_COLUMN.match(c))
     return [batch[c][row] for c in frames if batch[c][row] is not None]
+
+
+def prepared(
+    encoder: Encoder, media: dict[int, list[bytes]], reasons: list[str | None]
+) -> list[tuple[int, list[np.ndarray]]]:
+    """(row, its pictures as model input) for the rows with a decodable picture; a row with
+    none gets the first picture's reason (`too_many_pixels` read from the header, before any
+    decoding, or `decode_error`)."""
+    pixels, why = encoder.prepare([data for pictures in media.values() for data in pictures])
+    good, at = [], 0
+    for i, pictures in media.items():
+        span = slice(at, at + len(pictures))
+        at += len(pictures)
+        mine = [p for p in pixels[span] if p is not None]
+        if mine:
+            good.append((i, mine))
+        else:
+            reasons[i] = next((r for r in why[span] if r), "decode_error")
+    return good
 
 
 def picture_batches(good: list, size: int) -> list[list]:

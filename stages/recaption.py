@@ -10,7 +10,15 @@ clip_score stage is listed before this one; its model scores them), `caption_sou
 `caption_source` and `recaption_fallback` are also signature columns (countable in
 `signatures/`). Where `txt` changes and scores are known, `clip_score` (column and json) and
 `text_embedding` follow the chosen caption; the original's score stays as
-`caption_original_score`.
+`caption_original_score`. Provenance survives repetition: `caption_original` is the caption
+the sample came with before its first recaption (a second stage, or a build over recaptioned
+shards, keeps it), `caption_source` stays `synthetic` while `txt` is not the original, and
+`captions`/`caption_scores` are the newest stage's candidates (replaced ones are not kept).
+
+Samples that came with an empty caption: `best_score` and `fill` caption them (the clip_score
+they bind to keeps them, unscored, instead of dropping them as `missing_caption`); the new
+caption is scored and must pass that clip_score's bounds, and one that gets no candidate is
+dropped here as `missing_caption`.
 
 `choose`: `best_score` (the higher scoring of the original and the candidates, ties to the
 original), `fill` (Nguyen et al. 2023: only samples whose original scores below `min_score`
@@ -30,19 +38,29 @@ import numpy as np
 from pydantic import AfterValidator, Field, model_validator
 
 from core.config_io import ConfigError, checked_resources
-from stages.base import FRAME_COLUMN, Columns, ModelStage, StageOptions, media_column, register
+from core.formats import meta_json
+from stages.base import (
+    FRAME_COLUMN,
+    Columns,
+    ModelStage,
+    StageOptions,
+    media_column,
+    register,
+    sample_meta,
+)
 from stages.clip_score import with_fields
 from stages.lib.captioner import (
     Generation,
     RecaptionModel,
     cached_recaption_model,
     caption_seed,
-    check_captioner,
     image_processor,
     prepare_pixels,
 )
+from stages.lib.captioner_check import check_captioner
 
 CHOICES = ("best_score", "fill", "mix", "synthetic", "original")
+FILLS_BLANKS = ("best_score", "fill")  # modes that caption a sample that came without one
 GENERATION_ERRORS = (RuntimeError, ValueError)  # a batch the model could not caption
 
 
@@ -97,6 +115,7 @@ class Recaption(ModelStage):
     produces: ClassVar[frozenset[str]] = frozenset({"caption_source", "recaption_fallback"})
     consumes = frozenset({"clip_score", "embedding", "text_embedding"})  # runs after clip_score
     clip: tuple | None = None  # (model, pretrained, precision) of the clip_score before it
+    clip_filter: Any = None  # that clip_score's min/max_score test, when it keeps blanks
 
     def check(self) -> None:
         try:
@@ -105,7 +124,9 @@ class Recaption(ModelStage):
             raise ConfigError(f"stages.{self.index}.model: {err}") from None
 
     def bind_clip(self, clip_stages: list[Any]) -> None:
-        """Score with the last clip_score listed before this stage (registry.build_stages)."""
+        """Score with the last clip_score listed before this stage (registry.build_stages).
+        best_score and fill caption the samples that came without a caption: that clip_score
+        then keeps them (unscored) for this stage instead of dropping them."""
         opts, where = self.options, f"stages.{self.index}.choose"
         clip = clip_stages[-1] if clip_stages else None
         if clip is None and opts.choose in ("best_score", "fill"):
@@ -120,6 +141,9 @@ class Recaption(ModelStage):
             if clip is None
             else (clip.options.model, clip.options.pretrained, clip.options.precision)
         )
+        if clip is not None and opts.choose in FILLS_BLANKS:
+            clip.keeps_blank_captions = True
+            self.clip_filter = clip.filter_reason  # its bounds, for the captions filled here
 
     def pool_loader(self) -> partial:
         """How an actor of the pool loads this stage's model (pipeline/runtime/actors.py)."""
@@ -157,7 +181,7 @@ class Recaption(ModelStage):
         opts, size = self.options, len(batch["__key__"])
         if opts.choose == "fill":
             scores = batch.get("clip_score") or [None] * size
-            return [i for i in range(size) if scores[i] is not None and scores[i] < opts.min_score]
+            return [i for i in range(size) if is_low(scores[i], batch["txt"][i], opts.min_score)]
         if opts.choose == "mix":
             return [i for i in range(size) if mix_share(opts.seed, batch["__key__"][i]) < opts.mix]
         return list(range(size))
@@ -205,36 +229,50 @@ class Recaption(ModelStage):
             image = np.asarray(batch["embedding"][i], np.float32)
             mine = texts[at : at + len(candidates[i])]
             at += len(candidates[i])
-            own = np.asarray(batch["text_embedding"][i], np.float32)
             values = [round(float(np.dot(image, t.astype(np.float32))), 6) for t in mine]
-            found[i] = (round(float(np.dot(image, own)), 6), values, mine)
+            own = batch["text_embedding"][i]  # None: the sample came without a caption
+            own_score = None if own is None else np.dot(image, np.asarray(own, np.float32))
+            found[i] = (None if own is None else round(float(own_score), 6), values, mine)
         return found
 
     def settle(self, batch: Columns, i: int, captions: list[str], scored: tuple | None) -> Any:
-        """Choose row i's caption and write its fields; returns a drop reason (fill) or None."""
-        opts, drop = self.options, False
+        """Choose row i's caption and write its fields; returns a drop reason or None."""
+        opts = self.options
         pick = best_candidate(captions, scored)
         synthetic = pick is not None and opts.choose != "original"
-        if opts.choose == "best_score":
-            synthetic = pick is not None and scored is not None and scored[1][pick] > scored[0]
+        if opts.choose == "best_score":  # an uncaptioned original (score None) always loses
+            synthetic = synthetic and scored is not None and beats(scored[1][pick], scored[0])
         if opts.choose == "fill":  # one threshold: the candidate must pass it too
-            low = batch["clip_score"][i] is not None and batch["clip_score"][i] < opts.min_score
             synthetic = synthetic and scored is not None and scored[1][pick] >= opts.min_score
-            drop = low and not synthetic
-        fields: dict[str, Any] = {"caption_original": batch["txt"][i], "captions": captions}
+        current = batch["clip_score"][i] if "clip_score" in batch else None
+        low = is_low(current, batch["txt"][i], opts.min_score)
+        blank = is_blank(batch["txt"][i])
+        meta = sample_meta(batch["json"][i])
+        replaced = meta.get("caption_source") or "original"  # what txt holds now
+        if meta.get("caption_original") is None:  # null: a build's json fill of absent keys
+            meta["caption_original"] = batch["txt"][i]  # the first original, kept after
+        meta["captions"] = captions
+        meta.pop("caption_scores", None)  # the candidates are this stage's; so their scores
         if scored is not None:
-            fields["caption_scores"] = scored[1]
-        fields["caption_source"] = batch["caption_source"][i] = (
-            "synthetic" if synthetic else "original"
-        )
+            meta["caption_scores"] = scored[1]
         if synthetic:
             batch["txt"][i] = captions[pick]
             if scored is not None:
-                fields["caption_original_score"] = batch["clip_score"][i]
-                fields["clip_score"] = batch["clip_score"][i] = scored[1][pick]
+                if replaced == "original":
+                    meta["caption_original_score"] = batch["clip_score"][i]
+                meta["clip_score"] = batch["clip_score"][i] = scored[1][pick]
                 batch["text_embedding"][i] = scored[2][pick]
-        batch["json"][i] = with_fields(batch["json"][i], fields)
-        return "low_clip_score" if drop else None
+        source = "synthetic" if synthetic else replaced
+        meta["caption_source"] = batch["caption_source"][i] = source
+        batch["json"][i] = meta_json(meta, sort_keys=True, ensure_ascii=False)
+        if opts.choose == "fill" and low and not synthetic:
+            return "low_clip_score"
+        if opts.choose in FILLS_BLANKS and blank:
+            if not synthetic:
+                return "missing_caption"  # what clip_score would have dropped it for
+            if self.clip_filter is not None:
+                return self.clip_filter(batch["clip_score"][i])
+        return None
 
 
 def best_candidate(captions: list[str], scored: tuple | None) -> int | None:
@@ -244,6 +282,21 @@ def best_candidate(captions: list[str], scored: tuple | None) -> int | None:
     if scored is None:
         return 0
     return int(np.argmax(scored[1]))
+
+
+def is_blank(caption: str | None) -> bool:
+    return not caption or not caption.strip()
+
+
+def is_low(score: float | None, caption: str | None, threshold: float | None) -> bool:
+    """fill's test: below the threshold, or no caption at all (kept unscored by clip_score)."""
+    if score is None:
+        return is_blank(caption)
+    return threshold is not None and score < threshold
+
+
+def beats(candidate: float, original: float | None) -> bool:
+    return original is None or candidate > original
 
 
 def mix_share(seed: int, key: str) -> float:

@@ -109,3 +109,32 @@ def save_tiny_blip2(folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+def save_tiny_blip(folder: Path, seed: int = 0) -> Path:
+    """A tiny BLIP (the first one, not BLIP-2): an image-to-text model that only the auto
+    class `AutoModelForImageTextToText` loads, with the same word tokenizer."""
+    import torch
+    from transformers import (
+        BlipConfig,
+        BlipForConditionalGeneration,
+        BlipImageProcessor,
+        BlipProcessor,
+    )
+
+    tokenizer = tiny_tokenizer()
+    layers = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    text = dict(layers, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = BlipConfig(
+        text_config=dict(text, sep_token_id=2),
+        vision_config=dict(layers, image_size=IMAGE_SIDE, patch_size=8),
+    )
+    torch.manual_seed(seed)
+    model = BlipForConditionalGeneration(config).eval()
+    processor = BlipProcessor(
+        BlipImageProcessor(size={"height": IMAGE_SIDE, "width": IMAGE_SIDE}), tokenizer
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

@@ -15,7 +15,6 @@ share its batch, and a rerun writes the same captions.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,9 +24,9 @@ import numpy as np
 from PIL import Image
 
 from core.config_io import ConfigError
-from stages.lib.pixels import DECODE_ERRORS, to_rgb, upright
-
-LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError)
+from stages.lib.captioner_check import LOAD_ERRORS, model_class
+from stages.lib.captioner_check import check_captioner as check_captioner  # its old home
+from stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, upright
 
 
 @dataclass(frozen=True)
@@ -57,18 +56,6 @@ def model_dtype(device: str, precision: str) -> Any:
     if device != "cuda" or precision == "fp32":
         return torch.float32
     return torch.float16 if precision == "fp16" else torch.bfloat16
-
-
-def model_class(folder: str) -> Any:
-    """BLIP-2's own class for a blip-2 folder, else the auto class for image-to-text models."""
-    import transformers
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    if config.model_type == "blip-2":
-        return transformers.Blip2ForConditionalGeneration
-    auto = getattr(transformers, "AutoModelForImageTextToText", None)
-    return auto or transformers.AutoModelForVision2Seq
 
 
 def load_captioner(folder: str, device: str, precision: str) -> tuple[Any, Any]:
@@ -117,7 +104,7 @@ def prepare_pixels(
     pictures: list[Image.Image | None] = []
     for data in images:
         try:
-            with Image.open(io.BytesIO(data)) as image:
+            with open_image(data) as image:  # over decode_image's pixel limit: refused unread
                 picture = to_rgb(upright(image))
                 picture.load()  # all decoding here, inside the error handling
                 pictures.append(picture)
@@ -221,24 +208,27 @@ class Captioner:
 
     def decode(self, tokens: Any, prompt_ids: Any, gen: Generation) -> list[str]:
         """New text only: a decoder-only model returns the prompt's tokens ahead of its own
-        (cut off), and some models write the prompt out again (stripped as text)."""
+        (cut off as tokens; all that follows is the model's, even words the prompt holds),
+        and a model that writes the prompt out again as text has that leading echo cut."""
+        echoed = True
         if prompt_ids is not None and tokens.shape[1] >= prompt_ids.shape[1]:
             width = prompt_ids.shape[1]
             rows = prompt_ids.repeat_interleave(tokens.shape[0] // prompt_ids.shape[0], dim=0)
             if bool((tokens[:, :width] == rows).all()):
-                tokens = tokens[:, width:]
+                tokens, echoed = tokens[:, width:], False
         texts = self.processor.batch_decode(tokens, skip_special_tokens=True)
-        return [strip_prompt(text, gen.prompt) for text in texts]
+        return [strip_prompt(text, gen.prompt if echoed else None) for text in texts]
 
 
 def strip_prompt(text: str, prompt: str | None) -> str:
-    """The caption without an echoed prompt at its start (case and spacing ignored)."""
-    text = " ".join(text.split())
-    if prompt:
-        echo = " ".join(prompt.split())
-        if text.lower().startswith(echo.lower()):
-            text = text[len(echo) :].strip()
-    return text
+    """The caption with spacing normalized and without the prompt's words at its start (whole
+    words, any case); the same words later in the caption, or as part of a longer word
+    ("a photo" before "a photograph"), are the model's and stay."""
+    words = text.split()
+    echo = [w.lower() for w in (prompt or "").split()]
+    if echo and [w.lower() for w in words[: len(echo)]] == echo:
+        words = words[len(echo) :]
+    return " ".join(words)
 
 
 class RecaptionModel:
@@ -273,55 +263,3 @@ def cached_recaption_model(
 ) -> RecaptionModel:
     """One per worker process and configuration (a task's local model)."""
     return RecaptionModel(device, folder, precision, clip)
-
-
-def check_captioner(folder: str) -> None:
-    """Fail fast without loading the weights (a real model is many GB): the config, the
-    processor, the model class built on the meta device, and every weights file whole."""
-    import torch
-    from transformers import AutoConfig, AutoProcessor
-
-    path = os.path.expanduser(folder)
-    if not os.path.isdir(path):
-        raise ConfigError(f"captioning model folder not found: {folder}")
-    try:
-        cls = model_class(path)
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-        with torch.device("meta"):
-            cls._from_config(config)
-        if (
-            getattr(
-                AutoProcessor.from_pretrained(path, local_files_only=True), "image_processor", None
-            )
-            is None
-        ):
-            raise ValueError("its processor has no image processor")
-        check_weight_files(path)
-    except LOAD_ERRORS as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"cannot load captioning model from {folder}: {first}") from None
-
-
-def check_weight_files(path: str) -> None:
-    """Weights present, and each safetensors file as long as its header says (a truncated
-    download fails here, not in every task)."""
-    import json
-    import struct
-
-    names = sorted(os.listdir(path))
-    tensors = [n for n in names if n.endswith(".safetensors")]
-    if not tensors and not any(n.endswith(".bin") for n in names):
-        raise ValueError("no weights (*.safetensors or *.bin) in the folder")
-    for name in tensors:
-        file = os.path.join(path, name)
-        with open(file, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ValueError(f"{name} is truncated")
-            (length,) = struct.unpack("<Q", head)
-            header = json.loads(f.read(length) or b"null")
-        if not isinstance(header, dict):
-            raise ValueError(f"{name} has no safetensors header")
-        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-        if os.path.getsize(file) < 8 + length + max(ends, default=0):
-            raise ValueError(f"{name} is truncated")
