@@ -55,6 +55,8 @@ def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a whole build; returns the manifest. Config problems raise ConfigError
     before anything runs; rerunning a finished build returns its manifest untouched."""
     stages = build_stages(cfg.stages)
+    if cfg.ray.runtime == "local":
+        connect(cfg.ray)  # the pool's zygote forks before preflight loads any model
     parts = preflight(cfg, stages)
     identity = build_identity(cfg, parts)
     try:

@@ -142,3 +142,37 @@ def running(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_run_build_from_python_on_the_local_runtime_finishes(tmp_path):
+    """`run_build` with `ray.runtime: local` (no CLI prestart): the pool is made before
+    preflight checks the model, so its workers are never forked from a driver that ran it."""
+    photos = write_folder(make_shapes(8, seed=4), tmp_path / "photos")
+    spec = {
+        "source": {"kind": "images", "path": str(photos), "files_per_task": 2},
+        "stages": [{"name": "clip_score", **TINY}],
+        "output": {"path": str(tmp_path / "out")},
+        "ray": {"num_cpus": 2, "runtime": "local"},
+    }
+    script = (
+        "import json, sys\n"
+        "from pipeline.build import run_build\n"
+        "from pipeline.config import BuildConfig\n"
+        "cfg = BuildConfig.model_validate(json.loads(sys.argv[1]))\n"
+        "print(run_build(cfg, progress=False)['samples'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(spec)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the build did not finish in {LIMIT_S} s (a worker deadlocked)")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "8"
