@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from core.config_io import ConfigError, add_overrides, one_line
 from trainer.config import load_train_config
 from trainer.data.manifest import ManifestError, read_manifest
+from trainer.outputs import check_output
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         # Why here: fail fast on storage before importing torch and building the model.
         for url in [cfg.data.manifest, *(entry.manifest for entry in cfg.data.mix)]:
             read_manifest(url, cfg.storage_options)
+        check_output(cfg.run.output)  # here too: a Ray launch would report it from a worker
         if cfg.eval.enabled:  # the eval sets too (this imports torch)
             from trainer.eval.in_training import eval_config_of, open_sets
 
@@ -45,10 +48,29 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = train(cfg)
     except (ConfigError, ManifestError) as err:
-        print(f"error: {one_line(err)}", file=sys.stderr)
+        error_line(one_line(err))
         return 2
     print(json.dumps(summary))
     if summary.get("stopped"):  # health stopped the run (trainer/health/checks.py)
-        print(f"error: health: {summary['stopped']}", file=sys.stderr)
+        error_line(f"health: {summary['stopped']}")
         return 1
     return 0
+
+
+def error_line(message: str) -> None:
+    """`error: [rank R] message` and its newline in one write to stderr: the ranks of a job
+    share a terminal, and a line written in pieces (print's text, then its newline) runs
+    into another rank's."""
+    from trainer.dist.world import rank_label  # here: the config checks run without torch
+
+    line = f"error: {rank_label()}{message}\n"
+    sys.stderr.flush()  # what was written before stays before it
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream with no descriptor (captured)
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        return
+    data = line.encode()
+    while data:  # one write for a line under the pipe's atomic size (4 KiB); loop for more
+        data = data[os.write(fd, data) :]

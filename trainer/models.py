@@ -147,7 +147,10 @@ def load_eval_model(
 
 # Why these: what torch.load and load_state_dict raise for a file that is not these weights
 # (IsADirectoryError, an OSError: a run folder given to open_clip's loader).
-LOAD_ERRORS = (RuntimeError, ValueError, KeyError, EOFError, OSError, pickle.UnpicklingError)
+LOAD_ERRORS = (
+    *(RuntimeError, ValueError, KeyError, EOFError, OSError, pickle.UnpicklingError),
+    AssertionError,  # open_clip's resize_pos_embed: another architecture's embedding width
+)
 
 
 def load_error(source: str | None, name: str, err: Exception) -> ConfigError:

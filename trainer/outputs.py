@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from core.atomic import put_file_atomic
+from core.config_io import ConfigError
 from core.storage import filesystem, join, protocol_of, remove_tree, with_retries
 
 MIRRORS = Path("~/.cache/mmcurate/runs")
@@ -90,3 +92,22 @@ def remove_run(output: str, storage_options: dict[str, Any]) -> None:
     for name in RUN_FILES:
         remove_tree(fs, join(root, name))
     fs.invalidate_cache(root)
+
+
+def check_output(output: str) -> None:
+    """A local run.output that cannot be written fails on one line before training starts
+    (not deep in the first listing or log write): the folder, or the nearest folder above it
+    that exists (nothing is made here), must be a folder that takes a file."""
+    if is_remote(output):
+        return  # object storage: its own errors, on its first write
+    _, path = filesystem(output, None)
+    target = Path(path)
+    existing = next((p for p in (target, *target.parents) if p.exists()), target)
+    if not existing.is_dir():
+        raise ConfigError(f"run.output: {output} is under a file ({existing}), not a folder")
+    try:  # a probe file, removed at once: permissions, a read-only or pseudo filesystem
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".mmcurate-probe-"):
+            pass
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise ConfigError(f"run.output: cannot write in {existing}: {why}") from None

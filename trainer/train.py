@@ -48,7 +48,7 @@ from trainer.eval.in_training import Evaluator, open_evaluator
 from trainer.health.guard import Alerts, Guard, open_alerts
 from trainer.health.telemetry import Telemetry, open_telemetry
 from trainer.models import resolve_weights
-from trainer.outputs import RunLogs
+from trainer.outputs import RunLogs, check_output
 from trainer.run_log import LogFiles, Meter, require_tensorboard, tensorboard_writer, trim_log
 from trainer.step import (
     Parts,
@@ -322,11 +322,17 @@ class Trainer:
             self.save()
 
 
+def check_folders(cfg: TrainConfig) -> None:
+    """The local folders a run writes, checked before anything starts (one line each)."""
+    check_cache_dir(cfg.data.cache_dir)
+    check_output(cfg.run.output)
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train a CLIP model on a build's shards; returns a summary of the run."""
     require_tensorboard(cfg)  # fails fast, before any model is built
     resolve_weights(cfg.model.name, cfg.model.pretrained, cfg.storage_options)  # and these
-    check_cache_dir(cfg.data.cache_dir)
+    check_folders(cfg)
     place = setup_distributed()
     cfg = restarted_config(cfg, place)  # a torchrun restart continues its own run
     torch.manual_seed(cfg.data.seed)  # the same initial weights on every rank

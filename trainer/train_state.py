@@ -209,7 +209,8 @@ def restore_state(
 
 def read_resumable(path: str, cfg: TrainConfig, lazy: bool = False) -> dict[str, Any]:
     """A training checkpoint to resume from; ConfigError (one line) for one that torch cannot
-    read or that is not a training checkpoint (an exported model written over a step file)."""
+    read, that is not a training checkpoint (an exported model written over a step file) or
+    that trained another model.name."""
     try:
         ckpt = read_checkpoint(path, cfg.storage_options, lazy=lazy)
     except CheckpointUnreadable as err:
@@ -220,6 +221,12 @@ def read_resumable(path: str, cfg: TrainConfig, lazy: bool = False) -> dict[str,
             f"run.resume: {path} is not an mmcurate train checkpoint (it lacks "
             f"{', '.join(missing or ['loader state'])}); move it out of checkpoints/ to resume "
             "from an older one"
+        )
+    trained = ckpt.get("config", {}).get("model", {}).get("name", cfg.model.name)
+    if trained != cfg.model.name:  # its tensors would not fit this model's
+        raise ConfigError(
+            f"model.name: {cfg.model.name!r}, but the run in run.output trained {trained!r} "
+            f"({posixpath.basename(path)}); resume with its model.name, or start another run"
         )
     return ckpt
 
@@ -286,8 +293,9 @@ def newest_intact(found: list[str], cfg: TrainConfig) -> str:
     for path in found:
         try:
             ckpt = read_checkpoint(path, cfg.storage_options, lazy=True)
-            if isinstance(ckpt, dict) and not sharded.complete(path, ckpt, cfg.storage_options):
-                raise CheckpointUnreadable(f"{path} is unreadable (its DCP folder is incomplete)")
+            why = isinstance(ckpt, dict) and sharded.damage(path, ckpt, cfg.storage_options)
+            if why:
+                raise CheckpointUnreadable(f"{path} is unreadable ({why})")
         except CheckpointUnreadable as err:
             first_problem = first_problem or f"run.resume: {err}"
             log.warning("run.resume: %s; trying the next newest checkpoint", err)

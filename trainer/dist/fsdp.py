@@ -32,7 +32,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from core.config_io import ConfigError
+from core.config_io import ConfigError, one_line
+from trainer.dist.optim_state import by_name, by_position, parameter_names
 from trainer.dist.world import Dist
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -103,15 +104,23 @@ def gradient_norm(model: torch.nn.Module) -> torch.Tensor:
     return (sharded + replicated).sqrt()
 
 
-def load_full_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
-) -> None:
-    """Load a full (gathered) model and optimizer state into the shards of this rank (every
-    rank holds the whole state, read from the checkpoint)."""
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, state["model"], options=options)
-    if optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+def load_full_state(parts: Any, state: dict[str, Any]) -> None:
+    """A checkpoint file's full (gathered) model and optimizer state into `parts`, sharded
+    or not (every rank holds the whole state, read from the file); the optimizer's converted
+    to the form this one loads, whichever strategy and world wrote it (optim_state.py)."""
+    names = parameter_names(parts.core, parts.optimizer)
+    try:
+        if is_fsdp(parts.model):
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(parts.model, state["model"], options=options)
+            saved = by_name(state["optimizer"], names)
+            set_optimizer_state_dict(parts.model, parts.optimizer, saved, options=options)
+        else:
+            parts.core.load_state_dict(state["model"])
+            parts.optimizer.load_state_dict(by_position(state["optimizer"], names))
+    except (RuntimeError, KeyError, ValueError) as err:  # another architecture's tensors
+        why = one_line(err)[:300]
+        raise ConfigError(f"run.resume: the checkpoint does not load here: {why}") from None
 
 
 def weights_and_optimizer(parts: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -132,19 +141,15 @@ def load_weights_and_optimizer(
 ) -> None:
     """A checkpoint's model and optimizer into `parts`, sharded or not: from the DCP folder
     a sharded checkpoint (at `path`) names, resharded to this world; else from the file
-    (every rank reads the whole of it). An FSDP run's optimizer state is keyed by names."""
-    if "sharded" in ckpt and is_zero(parts.optimizer):
-        raise ConfigError(
-            "optim.zero: a sharded (strategy fsdp) checkpoint resumes with optim.zero off"
-        )
+    (every rank reads the whole of it)."""
     if "sharded" in ckpt:
         from trainer.dist import sharded
 
-        sharded.load(parts.model, parts.optimizer, sharded.folder_of(path, ckpt), storage_options)
+        folder = sharded.folder_of(path, ckpt)
+        if is_zero(parts.optimizer):  # DCP knows no ZeRO: read whole, then loaded as a file's
+            whole = sharded.read_full(parts.model, parts.optimizer, folder, storage_options)
+            load_full_state(parts, ckpt | whole)
+            return
+        sharded.load(parts.model, parts.optimizer, folder, storage_options)
         return
-    named = any(isinstance(key, str) for key in ckpt["optimizer"].get("state", {}))
-    if is_fsdp(parts.model) or named:
-        load_full_state(parts.model, parts.optimizer, ckpt)
-        return
-    parts.core.load_state_dict(ckpt["model"])
-    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    load_full_state(parts, ckpt)

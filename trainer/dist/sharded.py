@@ -9,15 +9,17 @@ in the folder. DCP reshards on load: a folder written by 4 ranks loads on 2, or 
 process (no process group), into a sharded or a plain model alike.
 
 DCP writes the folder's `.metadata` last, so a folder without it is a save cut short: such a
-checkpoint is passed over by a resume (`complete`). With `run.async_checkpoint` the shards are
-copied to host memory and written by a background thread (`dcp.async_save`, its collectives on
-a gloo group of their own so they never interleave with training's); the next save, a load
-and the end of the run wait for it (`wait`).
+checkpoint is passed over by a resume (`damage`), as is one whose `.metadata` does not read or
+whose shard files are shorter than the items it places in them (truncated, emptied). With
+`run.async_checkpoint` the shards are copied to host memory and written by a background thread
+(`dcp.async_save`, its collectives on a gloo group of their own so they never interleave with
+training's); the next save, a load and the end of the run wait for it (`wait`).
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
 import posixpath
 from concurrent.futures import Future
 from typing import Any
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -32,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from core.config_io import ConfigError
 from core.storage import filesystem, is_local, join
 
 log = logging.getLogger(__name__)
@@ -115,15 +119,55 @@ def load(
     if state is None:
         state = {"model": get_model_state_dict(model)}
     alone = not dist.is_initialized()  # a resume on one process, no process group
-    dcp.load(state, storage_reader=reader(url, storage_options), no_dist=alone)
+    try:  # a group's load raises its ranks' errors on every rank (CheckpointException)
+        dcp.load(state, storage_reader=reader(url, storage_options), no_dist=alone)
+    # Why these: what a shard garbled past damage()'s size check (or other tensors) raises.
+    except (CheckpointException, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
+        first = " ".join(str(err).split())[:200]
+        raise ConfigError(
+            f"run.resume: {url} does not load ({type(err).__name__}: {first}); move its "
+            "step-N.pt out of checkpoints/ to resume from an older one"
+        ) from None
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
-def complete(checkpoint: str, ckpt: dict[str, Any], storage_options: dict | None) -> bool:
-    """Whether a loaded `step-<N>.pt`'s DCP folder (if it names one) was written whole."""
+def read_full(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, url: str, storage_options: Any
+) -> dict[str, Any]:
+    """The DCP folder `url`'s model and optimizer state, whole on every rank, the optimizer's
+    keyed by position (for optim.zero, which DCP cannot load into): read through a plain
+    AdamW over `optimizer`'s param groups (the unsharded parameters of ddp), then dropped."""
+    core = getattr(model, "module", model)
+    plain = torch.optim.AdamW([dict(group) for group in optimizer.param_groups])  # its settings
+    load(model, plain, url, storage_options)
+    return {"model": core.state_dict(), "optimizer": plain.state_dict()}
+
+
+def damage(checkpoint: str, ckpt: dict[str, Any], storage_options: dict | None) -> str | None:
+    """Why a loaded `step-<N>.pt`'s DCP folder (if it names one) cannot be loaded, or None:
+    no `.metadata` (a save cut short), one that does not unpickle, or a shard file shorter
+    than the items `.metadata` places in it (truncated, emptied). Reads sizes, not shards."""
     if "sharded" not in ckpt:
-        return True
-    fs, path = filesystem(join(folder_of(checkpoint, ckpt), METADATA), storage_options)
-    return fs.exists(path)
+        return None
+    url = folder_of(checkpoint, ckpt)
+    fs, path = filesystem(url, storage_options)
+    if not fs.exists(posixpath.join(path, METADATA)):
+        return "its DCP folder is incomplete (no .metadata)"
+    try:
+        metadata = reader(url, storage_options).read_metadata()
+    # Why these: what unpickling a cut or garbled file raises.
+    except (EOFError, pickle.UnpicklingError, AttributeError, ValueError, TypeError) as err:
+        return f"its DCP .metadata is unreadable ({type(err).__name__})"
+    needed: dict[str, int] = {}
+    for item in metadata.storage_data.values():
+        end = item.offset + item.length
+        needed[item.relative_path] = max(needed.get(item.relative_path, 0), end)
+    for name, size in sorted(needed.items()):
+        shard = posixpath.join(path, name)
+        have = fs.size(shard) if fs.exists(shard) else None
+        if have is None or have < size:
+            got = "missing" if have is None else f"{have} of {size} bytes"
+            return f"its DCP shard {name} is cut short ({got})"
+    return None

@@ -85,3 +85,10 @@ def leave(place: Dist) -> None:
     """Destroy the process group if this process made it (Ray Train owns its own)."""
     if place.owns_group:
         dist.destroy_process_group()
+
+
+def rank_label() -> str:
+    """`[rank R] ` for a process torchrun started among several (its lines go to one
+    terminal with the others'), else "" (read before or without joining the group)."""
+    env = os.environ
+    return f"[rank {env.get('RANK', '0')}] " if int(env.get("WORLD_SIZE", "1")) > 1 else ""
