@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from core.config_io import ConfigError, describe_validation_error
 from stages.base import _REGISTRY, Stage, label_stages
+from stages.lib.dead_ends import dead_end
 
 # Each stage's module, imported only when a config names the stage: a build imports what it
 # runs (PyAV, pandas, scipy, open_clip stay out of builds that do not use them).
@@ -71,12 +72,17 @@ def build_stage(spec: dict[str, Any], index: int = 0) -> Stage:
 def validate_stage_list(specs: list[dict[str, Any]]) -> None:
     """Raise ConfigError for the first invalid stage or a repeated global stage."""
     seen: dict[str, Stage] = {}
+    built = []
     for index, spec in enumerate(specs):
         stage = build_stage(spec, index)
         if stage.is_global and stage.name in seen:
             raise ConfigError(f"stages.{index}.name: {stage.name!r} appears twice")
         seen.setdefault(stage.name, stage)
+        built.append(stage)
     check_embedding_models(seen.get("semantic_dedupe"), seen.get("clip_score"))
+    why = dead_end(stage_order(built))  # stages that can never keep a sample together
+    if why is not None:
+        raise ConfigError(why)
     if "recaption" in seen:
         build_stages(specs)  # binds each recaption to its clip_score (one-line errors)
 
