@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterator
 from functools import partial
 
 from core.atomic import write_parquet
+from core.progress import report
 from core.spill import Spilled, remove_folder, set_task_folder, spill_folder, sweep_folders
 from core.storage import join
 from pipeline.config import BuildConfig
@@ -128,12 +130,14 @@ def write_partition(
     src = cfg.source
     reading = Reading(cfg.ray.batch_size, src.chunk_bytes, src.spill_bytes, spill)
     inputs: deque[list[Spilled]] = deque()  # each chunk's Spilled values as it was read
-    chunks = map(partial(noted, inputs=inputs), read_chunks(part, cfg.storage_options, reading))
+    sizes: deque[int] = deque()  # each chunk's samples as read, reported once it is written
+    read = map(partial(sized, sizes=sizes), read_chunks(part, cfg.storage_options, reading))
+    chunks = map(partial(noted, inputs=inputs), read)
     folder = join(claim.work_url, "candidates")
     url = join(folder, candidate_name(part["part"]))
     media = None if index is None else PartitionMedia(part["part"], index)
     try:
-        chain = run_chain(chunks, stages)
+        chain = counted(run_chain(chunks, stages), sizes)
         rows = write_candidate(chain, inputs, url, cfg.storage_options, claim, media)
     except ClaimLost:
         return None
@@ -148,3 +152,16 @@ def write_partition(
     if media is not None:
         media.register()  # pending until the driver has this task's result
     return len(rows)
+
+
+def sized(chunk: dict, sizes: deque[int]) -> dict:
+    sizes.append(len(chunk.get("__key__") or ()))
+    return chunk
+
+
+def counted(chain: Iterator[dict], sizes: deque[int]) -> Iterator[dict]:
+    """The chunks as they are; each chunk's source samples are reported done (core/progress.py)
+    once the writer has taken it and asks for the next."""
+    for chunk in chain:
+        yield chunk
+        report(sizes.popleft(), "samples")

@@ -25,10 +25,12 @@ import sys
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from core.mapreduce import MapFn, ReduceFn, check_partitions
+from core.progress import INTERVAL_S, Counters, channel
 from pipeline.runtime.zygote import Zygote
 
 log = logging.getLogger("mmcurate.localpool")
@@ -59,7 +61,7 @@ class _Worker:
     """One worker process and the driver's end of its socket: forked by the pool's zygote, or
     spawned where this process runs Ray (`start_method`)."""
 
-    def __init__(self, zygote: Zygote | None) -> None:
+    def __init__(self, zygote: Zygote | None, counters: Counters) -> None:
         self.method = "fork" if zygote is not None else "spawn"
         self.process: multiprocessing.process.BaseProcess | None = None
         self.pid: int | None = None
@@ -68,7 +70,8 @@ class _Worker:
         else:
             context = multiprocessing.get_context("spawn")
             self.conn, child = context.Pipe()
-            self.process = context.Process(target=_serve, args=(child, []), name="mmcurate-worker")
+            args = (child, [], counters)  # the counters travel as the process starts
+            self.process = context.Process(target=_serve, args=args, name="mmcurate-worker")
             self.process.start()
             child.close()
         self.fn_token: int | None = None  # the function this worker holds
@@ -120,9 +123,13 @@ class LocalPool:
 
     def __init__(self, workers: int, start: int | None = None) -> None:
         self.limit = max(1, workers)
+        # What tasks have done so far, a row per worker slot: made before the zygote forks, so
+        # every worker has it (core/progress.py); the driver reads `counters.totals()`.
+        self.counters = Counters(self.limit)
         # Forked now, while this process is clean: every worker is forked from it, never from
         # this process once it may have started thread pools (zygote.py).
-        self.zygote = Zygote(_serve) if start_method() == "fork" else None
+        serve = partial(_serve, counters=self.counters)
+        self.zygote = Zygote(serve) if start_method() == "fork" else None
         self.workers: list[_Worker] = []
         self.grow(self.limit if start is None else start)
         self.retried = 0  # tasks run again after their worker died
@@ -142,11 +149,11 @@ class LocalPool:
         """From the zygote; spawned if the zygote is gone (killed: a spawn is slow but safe)."""
         if self.zygote is not None:
             try:
-                return _Worker(self.zygote)
+                return _Worker(self.zygote, self.counters)
             except (OSError, EOFError, ValueError):
                 log.warning("the local pool's zygote is gone; workers are spawned from now on")
                 self.zygote = None
-        return _Worker(None)
+        return _Worker(None, self.counters)
 
     def close(self) -> None:
         for worker in self.workers:
@@ -162,9 +169,11 @@ class LocalPool:
         fn: Callable[[Any], Any],
         done: Callable[[], None] | None = None,
         on_result: Callable[[int, Any], None] | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> list[Any]:
         """fn(item) for each item on the workers; results in input order. `done` is called
-        after each task (a progress bar's update), `on_result(index, result)` too."""
+        after each task (a progress bar's update), `on_result(index, result)` too; `tick`
+        at least every INTERVAL_S while tasks run (a bar's in-task counters)."""
         self.grow(len(items))
         self._token += 1
         spawned = self.zygote is None or any(w.method != "fork" for w in self.workers)
@@ -174,7 +183,10 @@ class LocalPool:
         results: list[Any] = [None] * len(items)
         while queue or self._busy():
             self._dispatch(queue, items, token, blob)
-            for index, ok, value in self._collect():
+            collected = self._collect(None if tick is None else INTERVAL_S)
+            if tick is not None:
+                tick()
+            for index, ok, value in collected:
                 if ok is None:  # its worker died: run it again on a fresh one
                     tries[index] += 1
                     if tries[index] > MAX_RETRIES:
@@ -198,26 +210,26 @@ class LocalPool:
 
     def _dispatch(self, queue: deque, items: Sequence[Any], token: int, blob: bytes) -> None:
         """Hand queued tasks to idle workers; a worker that died idle is replaced."""
-        for worker in list(self.workers):
+        for slot, worker in enumerate(list(self.workers)):
             if worker.index is not None or not queue:
                 continue
             index = queue.popleft()
             send = blob if worker.fn_token != token else None
-            try:
-                worker.conn.send_bytes(dumps((token, send, index, items[index])))
+            try:  # slot: its row of the progress counters (a replacement takes the same)
+                worker.conn.send_bytes(dumps((token, send, slot, items[index])))
             except OSError:
                 queue.appendleft(index)
                 self._replace(worker)  # the fresh one gets a task on the next pass
                 continue
             worker.fn_token, worker.index = token, index
 
-    def _collect(self) -> list[tuple[int, bool | None, Any]]:
-        """Wait for at least one busy worker; (index, ok, value) per finished task, ok None
-        when the worker died (it is replaced)."""
+    def _collect(self, timeout: float | None = None) -> list[tuple[int, bool | None, Any]]:
+        """Wait for at least one busy worker (at most `timeout` s); (index, ok, value) per
+        finished task, ok None when the worker died (it is replaced)."""
         busy = self._busy()
         if not busy:
             return []
-        ready = set(wait([item for w in busy for item in w.waitables]))
+        ready = set(wait([item for w in busy for item in w.waitables], timeout))
         out = []
         for worker in busy:
             if ready.isdisjoint(worker.waitables):
@@ -246,7 +258,7 @@ class LocalPool:
             self._replace(worker, kill=True)
 
 
-def _serve(conn: Connection, inherited: list[Connection]) -> None:
+def _serve(conn: Connection, inherited: list[Connection], counters: Counters | None = None) -> None:
     """A worker's loop: tasks in, (ok, result or exception) out, until the pipe closes."""
     for other in inherited:
         other.close()
@@ -258,7 +270,7 @@ def _serve(conn: Connection, inherited: list[Connection]) -> None:
             message = conn.recv_bytes()
         except (EOFError, OSError):
             os._exit(0)  # the driver is gone or done
-        reply = _run_task(message, fns)
+        reply = _run_task(message, fns, counters)
         try:
             try:
                 data = dumps(reply)
@@ -269,15 +281,19 @@ def _serve(conn: Connection, inherited: list[Connection]) -> None:
             os._exit(0)  # the driver is gone
 
 
-def _run_task(message: bytes, fns: dict[int, Callable[[Any], Any]]) -> tuple[bool, Any]:
+def _run_task(
+    message: bytes, fns: dict[int, Callable[[Any], Any]], counters: Counters | None = None
+) -> tuple[bool, Any]:
     """(True, result) or (False, error). Unpickling the task is part of it: a function or
-    item this process cannot load fails the task, as on Ray, instead of killing the worker."""
+    item this process cannot load fails the task, as on Ray, instead of killing the worker.
+    What the task reports as done goes to its slot's row of `counters` (core/progress.py)."""
     try:
-        token, blob, _, item = pickle.loads(message)
+        token, blob, slot, item = pickle.loads(message)
         if blob is not None:
             fns.clear()
             fns[token] = pickle.loads(blob)
-        return True, fns[token](item)
+        with channel(None if counters is None else counters.row(slot)):
+            return True, fns[token](item)
     # Why broad: any task error goes back to the driver, which raises it (as Ray does).
     except Exception as err:  # noqa: BLE001
         err.add_note(f"in a local worker:\n{traceback.format_exc()}")

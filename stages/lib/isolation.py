@@ -4,7 +4,9 @@
 first use, one per worker process) and waits at most `timeout` seconds. If the child does not
 answer in time it is killed (`CallTimeout`) and the next call starts a fresh one; if it dies
 (a crash in C code) that is `CallCrashed`; an exception inside `fn` comes back as `CallFailed`.
-`fn` must be importable by module and name (it is pickled by reference).
+`fn` must be importable by module and name (it is pickled by reference). What `fn` reports as
+done (core/progress.py) comes back before its answer, at most once a second, and is reported
+again in the calling process.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
+
+from core import progress
 
 
 class CallTimeout(Exception):
@@ -84,14 +89,18 @@ class Isolated:
     def exchange(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[str, Any]:
         """Send one numbered request and wait for its answer; on anything else, kill the child."""
         self.sequence += 1
+        deadline = time.monotonic() + timeout
         try:
             self.send.send((self.sequence, fn, args))
-            if not self.conn.poll(timeout):
-                raise CallTimeout(f"no answer in {timeout:g}s")
-            number, status, value = self.conn.recv()
-            if number != self.sequence:
-                raise CallCrashed(f"answer {number} for request {self.sequence}")
-            return status, value
+            while True:  # progress messages, then the answer
+                if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise CallTimeout(f"no answer in {timeout:g}s")
+                number, status, value = self.conn.recv()
+                if number != self.sequence:
+                    raise CallCrashed(f"answer {number} for request {self.sequence}")
+                if status != PROGRESS:
+                    return status, value
+                progress.report_counts(value)
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as err:
             self.stop()
             raise CallCrashed(type(err).__name__) from None
@@ -101,6 +110,7 @@ class Isolated:
 
 
 STARTUP_S = 120
+PROGRESS = "progress"  # a message's status: counts done so far, not the answer
 
 
 def import_modules(names: tuple[str, ...]) -> None:
@@ -114,8 +124,11 @@ def serve(reader: Connection, writer: Connection) -> None:
             number, fn, args = reader.recv()
         except EOFError:
             return
+        sink = progress.Batched(lambda counts, n=number: writer.send((n, PROGRESS, counts)))
         try:
-            writer.send((number, "ok", fn(*args)))
+            with progress.channel(sink):
+                value = fn(*args)
+            writer.send((number, "ok", value))
         except Exception as err:  # noqa: BLE001  (any failure of the call goes back as data)
             writer.send((number, "error", f"{type(err).__name__}: {err}"))
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from core.progress import report
 from core.spill import Media
 from stages.lib.video_probe import (  # noqa: F401  (display_rotation: imported from here)
     NoVideoStream,
@@ -119,19 +120,33 @@ def centre_square(width: int, height: int) -> tuple[int, int, int, int]:
     return left, top, left + side, top + side
 
 
+class Watched:
+    """Seconds of one video reported as done (core/progress.py) as decoding moves through it;
+    only advances count, so a decoder that starts over after another failed adds nothing twice."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def to(self, seconds: float) -> None:
+        if seconds > self.at:
+            report(seconds - self.at, "video_s")
+            self.at = seconds
+
+
 def sample_video(value: Media, opts: dict[str, Any]) -> dict[str, Any]:
     """{frames: [jpeg], indices, timestamps, fps, frame_count, width, height, decoder}. Frames
     are JPEG-encoded as they are decoded, so a long fps-mode plan never sits in memory whole.
     A Spilled file is read by path as the decoders go, never whole."""
     refuse_images(value)
+    watched = Watched()
     if may_be_rotated(value) and display_rotation(value):  # decord garbles these (4 channels)
-        return with_pyav(value, opts)
+        return with_pyav(value, opts, watched)
     try:
-        decoded = with_decord(value, opts)
+        decoded = with_decord(value, opts, watched=watched)
     except (NoFrames, NoVideoStream):
         raise
     except Exception:  # noqa: BLE001  (decord raises its own and generic errors; try PyAV)
-        decoded = with_pyav(value, opts)
+        decoded = with_pyav(value, opts, watched)
     return decoded
 
 
@@ -140,12 +155,15 @@ def jpeg_encoder(opts: dict[str, Any]) -> Callable[[np.ndarray], bytes]:
 
 
 def with_decord(
-    value: Media, opts: dict[str, Any], encode: Callable[[np.ndarray], Any] | None = None
+    value: Media,
+    opts: dict[str, Any],
+    encode: Callable[[np.ndarray], Any] | None = None,
+    watched: Watched | None = None,
 ) -> dict[str, Any]:
     """decord: planned frames, CHUNK at a time, each passed through `encode` (JPEG)."""
     import decord
 
-    encode = encode or jpeg_encoder(opts)
+    encode, watched = encode or jpeg_encoder(opts), watched or Watched()
     reader = decord.VideoReader(media_source(value), num_threads=1, fault_tol=FAULT_TOLERANCE)
     count, fps = len(reader), float(reader.get_avg_fps())
     if count == 0:
@@ -161,6 +179,8 @@ def with_decord(
             raise ValueError(f"decord returned frames of shape {pixels.shape}")
         height, width = pixels.shape[1:3]
         frames += [encode(f) for f in pixels]
+        watched.to(indices[min(start + CHUNK, len(indices)) - 1] / fps)
+    watched.to(count / fps)  # the video is done with
     times = reader.get_frame_timestamp(indices)[:, 0].tolist()
     return {
         "frames": frames,
@@ -174,11 +194,12 @@ def with_decord(
     }
 
 
-def with_pyav(value: Media, opts: dict[str, Any]) -> dict[str, Any]:
+def with_pyav(value: Media, opts: dict[str, Any], watched: Watched | None = None) -> dict[str, Any]:
     """Fallback: count the video packets, then decode once, keeping the planned frames
     (turned upright by their display rotation)."""
     import av
 
+    watched = watched or Watched()
     count, fps, stamps, keys = count_packets(value)
     plan = (opts["mode"], count, fps, opts["num_frames"], opts["fps"], keys, stamps)
     indices = plan_indices(*plan)
@@ -186,6 +207,7 @@ def with_pyav(value: Media, opts: dict[str, Any]) -> dict[str, Any]:
     with av.open(media_source(value)) as box:
         stream = box.streams.video[0]
         for number, frame in enumerate(box.decode(stream)):
+            watched.to(number / fps)
             if number in wanted:
                 rgb = upright(frame.to_ndarray(format="rgb24"), getattr(frame, "rotation", 0))
                 size = (rgb.shape[1], rgb.shape[0])
@@ -195,6 +217,7 @@ def with_pyav(value: Media, opts: dict[str, Any]) -> dict[str, Any]:
                 break
     if not pixels:
         raise NoFrames("no frames decoded")
+    watched.to(count / fps)  # the video is done with
     return {
         "frames": pixels,
         "indices": indices[: len(pixels)],

@@ -27,8 +27,16 @@ from typing import Any, NamedTuple
 import av
 import numpy as np
 
+from core.progress import report
 from core.spill import Media, Spilled
-from stages.lib.video_decode import NoFrames, NoVideoStream, media_source, refuse_images, upright
+from stages.lib.video_decode import (
+    NoFrames,
+    NoVideoStream,
+    Watched,
+    media_source,
+    refuse_images,
+    upright,
+)
 
 CLIP_CONTAINER = "mp4"  # what ClipWriter writes: a re-encoded clip's column and extension
 
@@ -64,10 +72,12 @@ class Scan(NamedTuple):
     small: list[tuple[float, np.ndarray]]  # (time, grey 32x32) of the analysed frames
 
 
-def scan(value: Media, analysis_fps: float | None) -> Scan:
+def scan(value: Media, analysis_fps: float | None, watched: Watched | None = None) -> Scan:
     """Pass 1, streaming: frame count, times, size, and (for scene cuts) small grey copies of
-    frames `analysis_fps` a second, chosen by their timestamps (variable frame rates too)."""
+    frames `analysis_fps` a second, chosen by their timestamps (variable frame rates too).
+    Seconds scanned are reported as decoded (core/progress.py)."""
     refuse_images(value)
+    watched = watched or Watched()
     with av.open(media_source(value)) as box:
         if not box.streams.video:
             raise NoVideoStream("no video stream")
@@ -85,6 +95,7 @@ def scan(value: Media, analysis_fps: float | None) -> Scan:
                 small.append((t, grey_small(frame.to_ndarray(format="rgb24"))))
                 due = (math.floor((t + 0.5 / fps) * analysis_fps) + 1) / analysis_fps
             times.append(t)
+            watched.to(t)
     if not times:
         raise NoFrames("no frames")
     stamps = np.maximum.accumulate(np.asarray(times, dtype=np.float64))
@@ -119,9 +130,10 @@ def split_video(
 ) -> list[dict[str, Any]]:
     """[{start, end, data (None: the whole source)}] for the clips of one video; `data` is a
     Spilled file `<prefix>-<n>.mp4` when a prefix is given, else bytes."""
-    scenes = opts["mode"] == "scenes"
-    found = scan(value, opts["analysis_fps"] if scenes else None)
+    scenes, watched = opts["mode"] == "scenes", Watched()
+    found = scan(value, opts["analysis_fps"] if scenes else None, watched)
     duration = end_time(found.times, found.fps)
+    watched.to(duration)
     if scenes:
         small = found.small
         cuts = scene_cuts([g for _, g in small], [t for t, _ in small], opts["threshold"])
@@ -188,6 +200,7 @@ def encode_clips(
                     if span not in writers:
                         writers[span] = targets.writer(found)
                     writers[span].add(frame)
+                    report(1 / found.fps, "cut_s")  # a frame's worth of this clip
                     if number == span[1] - 1:
                         done[span] = writers.pop(span).close()
             if number >= todo[-1][1] and not writers:
