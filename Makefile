@@ -14,7 +14,7 @@ INSTALL_CHROMIUM := ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -q
 # Bytecode as a wheel install writes it: with PYTHONDONTWRITEBYTECODE set, an editable
 # install would otherwise compile every module on every command (~0.3 s). Quick when fresh.
 install: $(STAMP)
-	$(BIN)/python -m compileall -q core pipeline stages trainer >/dev/null
+	$(BIN)/python -m compileall -q mmcurate core pipeline stages trainer >/dev/null
 
 # torch/torchvision are installed first with exact pins: on machines with a local wheel cache
 # this avoids resolving a different (multi-GB) build through open_clip's loose requirement.
@@ -32,12 +32,12 @@ demo: install
 	$(BIN)/mmcurate demo --out demo-output
 
 test: install
-	$(BIN)/ruff check core pipeline stages trainer tests bench
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -x -q --durations=25
 
 lint: install
-	$(BIN)/ruff check core pipeline stages trainer tests bench
-	$(BIN)/ruff format --check core pipeline stages trainer tests bench
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # bench/ingest.py needs nginx (apt-get install -y nginx) and installs img2dataset in its own venv.
 bench: install

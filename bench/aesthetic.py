@@ -72,9 +72,8 @@ def save_head(dim: int, path: Path) -> MLP:
 
 def photo_batch(folder: Path, n: int) -> dict:
     """The stage's input columns for n photos (bytes in memory, as a task holds them)."""
+    from mmcurate.stages.base import DROP, DROP_STAGE
     from photos import make_photos
-
-    from stages.base import DROP, DROP_STAGE
 
     make_photos(folder, n)
     files = sorted(folder.glob("*.jpg"))
@@ -91,8 +90,7 @@ def photo_batch(folder: Path, n: int) -> dict:
 def plain_model(name: str) -> tuple:
     """open_clip's model and preprocess, with the random weights mmcurate draws (seed 0)."""
     import open_clip
-
-    from core.model_configs import register
+    from mmcurate.core.model_configs import register
 
     register()
     with torch.random.fork_rng(devices=[]):
@@ -145,7 +143,7 @@ def chunks(data: dict, size: int) -> list[dict]:
 
 def per_core(args, data: dict, model, preprocess, head: MLP, weights: Path) -> list[dict]:
     """Stage vs plain loop at each thread count; scores compared as a fairness check."""
-    from stages.registry import build_stages
+    from mmcurate.stages.registry import build_stages
 
     parts = chunks(data, args.batch)
     results = []
@@ -173,7 +171,7 @@ def per_core(args, data: dict, model, preprocess, head: MLP, weights: Path) -> l
 
 def shared_cost(args, data: dict, weights: Path) -> dict:
     """clip_score alone vs clip_score + aesthetic_score (same model: embeddings reused)."""
-    from stages.registry import build_stages
+    from mmcurate.stages.registry import build_stages
 
     torch.set_num_threads(max(args.threads))
     aesthetic, clip = stage_specs(args, weights)

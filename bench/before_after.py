@@ -2,7 +2,7 @@
 
 `--before` is a checkout of the tree to compare with (e.g. `git worktree add /tmp/before
 <commit>`); this checkout is "after". Each round runs every workload with both trees, order
-swapped every round, as whole `python -m pipeline build` commands (start to exit), and records
+swapped every round, as whole `python -m mmcurate build` commands (start to exit), and records
 wall time and the peak PSS of the command's process tree. Workloads:
 
 - `folder`: an image folder -> decode_image 256 px keep_ratio -> shards (the common build);
@@ -48,13 +48,13 @@ WORKLOADS = {
 
 def run_build(tree: Path, config: dict, out: Path) -> tuple[float, int]:
     """One build with `tree`'s packages first on the path; (wall seconds, peak tree PSS)."""
-    from pipeline.runtime.loopback import loopback_only_env
+    from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
     shutil.rmtree(out, ignore_errors=True)
     path = out.parent / f"{out.name}.yaml"
     path.write_text(json.dumps({**config, "output": {"path": str(out)}}))
     env = {**os.environ, **loopback_only_env(), "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, "-m", "pipeline", "build", str(path), "--no-progress"]
+    cmd = [sys.executable, "-m", "mmcurate", "build", str(path), "--no-progress"]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL)
     peak = [0]
@@ -78,7 +78,7 @@ def run_build(tree: Path, config: dict, out: Path) -> tuple[float, int]:
 
 def run_loader(tree: Path, root: Path, batches: int) -> float:
     """`tree`'s own loader runner over the folder build's shards; samples per second."""
-    from pipeline.runtime.loopback import loopback_only_env
+    from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
     work = root / "loader-work"
     shutil.rmtree(work, ignore_errors=True)

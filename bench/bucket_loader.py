@@ -22,12 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from mmcurate.pipeline.build import run_build  # noqa: E402
+from mmcurate.pipeline.config import BuildConfig  # noqa: E402
+from mmcurate.pipeline.demo_data import SUBJECTS, source_photo  # noqa: E402
+from mmcurate.trainer.data.buckets import bucketed_loader  # noqa: E402
 from torchvision.io import ImageReadMode, decode_jpeg  # noqa: E402
-
-from pipeline.build import run_build  # noqa: E402
-from pipeline.config import BuildConfig  # noqa: E402
-from pipeline.demo_data import SUBJECTS, source_photo  # noqa: E402
-from trainer.data.buckets import bucketed_loader  # noqa: E402
 
 BUCKETS = ["256x256", "384x256", "256x384", "512x256", "320x256"]
 SHAPES = [(300, 300), (450, 300), (300, 450), (600, 300), (400, 320)]

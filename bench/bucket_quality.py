@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stages.lib import buckets as plan  # noqa: E402
+from mmcurate.stages.lib import buckets as plan  # noqa: E402
 
 COMMON = [(4, 3), (3, 2), (16, 9), (1, 1)]
 

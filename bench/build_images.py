@@ -30,10 +30,9 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from bytecode import compile_all
+from mmcurate.stages.decode_image import DecodeImageOptions, encode, target_size, transform
 from photos import make_photos
 from PIL import Image
-
-from stages.decode_image import DecodeImageOptions, encode, target_size, transform
 
 OPTS = DecodeImageOptions.model_validate({"resize": {"size": 256, "mode": "keep_ratio"}})
 
@@ -94,7 +93,7 @@ def reference_command(folder: Path, out: Path) -> float:
 
 def mmcurate_command(folder: Path, out: Path, runtime: str) -> tuple[float, dict]:
     """`mmcurate build` as a user types it, start to exit; returns its stats.json too."""
-    from pipeline.runtime.loopback import loopback_only_env
+    from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
     config = out.parent / f"build-{runtime}.yaml"
     config.write_text(

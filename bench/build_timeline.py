@@ -34,15 +34,15 @@ def wrap(module: object, name: str) -> None:
 
 def main() -> None:
     mark("interpreter up")
-    import pipeline.cli as cli
+    import mmcurate.pipeline.cli as cli
 
     mark("cli imported")
-    import pipeline.config  # noqa: F401
+    import mmcurate.pipeline.config  # noqa: F401
 
     mark("config module imported")
-    import pipeline.build as build
-    import pipeline.phase_c as phase_c
-    import pipeline.runtime.session as raysession
+    import mmcurate.pipeline.build as build
+    import mmcurate.pipeline.phase_c as phase_c
+    import mmcurate.pipeline.runtime.session as raysession
 
     mark("build imported")
     phases = ("preflight", "claim_output", "stage_sources", "phase_a", "signature_groups")

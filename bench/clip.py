@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
 # Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
 os.environ.update(loopback_only_env())
@@ -30,11 +30,10 @@ os.environ.update(loopback_only_env())
 import open_clip  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
+from mmcurate.pipeline.build import run_build  # noqa: E402
+from mmcurate.pipeline.config import BuildConfig  # noqa: E402
 from photos import make_photos  # noqa: E402
 from PIL import Image  # noqa: E402
-
-from pipeline.build import run_build  # noqa: E402
-from pipeline.config import BuildConfig  # noqa: E402
 
 
 def bare_loop(folder: Path, model_name: str, batch: int = 64) -> float:

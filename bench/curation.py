@@ -12,7 +12,7 @@
    set, bench/curation_captioner.py, kept if it scores as high; bench/curation_recaption.py);
    `oracle` (decode only, on the raw files that are distinct and truly captioned).
 4. `mmcurate train` the same architecture at equal compute (same steps x batch) on each arm,
-   for each seed; `mmcurate eval` (python -m trainer.eval) retrieval R@1 on the eval build.
+   for each seed; `mmcurate eval` (python -m mmcurate.trainer.eval) retrieval R@1 on the eval build.
 5. JSON of everything, and a markdown table: R@1 both directions per arm (mean ± sd over
    seeds) and the share of the oracle gain each filtered arm recovers.
 
@@ -41,9 +41,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
+
 from bench.curation_data import Sizes, make_sets  # noqa: E402
 from bench.curation_recaption import lowest_kept_score, recaption_sets, recaptioned  # noqa: E402
-from pipeline.runtime.loopback import loopback_only_env
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs" / "curation"
@@ -152,14 +153,14 @@ def train_captioner(seed_build: Path, out: Path, plan: Plan) -> dict:
 
 
 def eval_command() -> list[str]:
-    """`mmcurate eval` once the CLI has it; `python -m trainer.eval` (the same) until then."""
+    """`mmcurate eval` (the same as `python -m mmcurate.trainer.eval`)."""
     probe = subprocess.run(
         [str(BIN / "mmcurate"), "eval", "--help"], cwd=REPO, env=env(), capture_output=True
     )
     return (
         [str(BIN / "mmcurate"), "eval"]
         if probe.returncode == 0
-        else [sys.executable, "-m", "trainer.eval"]
+        else [sys.executable, "-m", "mmcurate.trainer.eval"]
     )
 
 

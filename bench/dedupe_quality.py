@@ -39,16 +39,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from mmcurate.core.mapreduce import LocalRunner
+from mmcurate.stages.base import DROP
+from mmcurate.stages.lib.dedupe_common import group_decisions, keepers, priority_rank
+from mmcurate.stages.lib.hamming_plan import plan_tables
+from mmcurate.stages.near_dedupe import close_pairs
+from mmcurate.stages.registry import build_stage
 from nearphotos import TRANSFORMS, Item, make_items, make_views
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
-
-from core.mapreduce import LocalRunner
-from stages.base import DROP
-from stages.lib.dedupe_common import group_decisions, keepers, priority_rank
-from stages.lib.hamming_plan import plan_tables
-from stages.near_dedupe import close_pairs
-from stages.registry import build_stage
 
 HERE = Path(__file__).resolve().parent
 IDD_VENV = HERE / ".venv-imagededup"
@@ -89,7 +88,7 @@ def signature_table(items: list[Item]) -> tuple[pa.Table, float]:
 
 def embeddings(items: list[Item]) -> tuple[list[np.ndarray], float]:
     """Image embeddings as clip_score computes them, from `mmcurate-tiny` (random weights)."""
-    from stages.lib.clip_model import cached_model
+    from mmcurate.stages.lib.clip_model import cached_model
 
     started = time.perf_counter()
     model = cached_model("mmcurate-tiny", None, "cpu", "auto")

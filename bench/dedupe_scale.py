@@ -28,8 +28,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
-
-from pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
 # Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
 os.environ.update(loopback_only_env())
@@ -37,11 +36,10 @@ os.environ.update(loopback_only_env())
 import faiss  # noqa: E402
 import ray  # noqa: E402
 from memwatch import PeakMemory, tree, tree_pss  # noqa: E402
-
-from core.mapreduce import RayRunner  # noqa: E402
-from stages.lib.hamming_plan import TablePlan, plan_tables
-from stages.near_dedupe import close_pairs, near_groups  # noqa: E402
-from stages.registry import build_stage  # noqa: E402
+from mmcurate.core.mapreduce import RayRunner  # noqa: E402
+from mmcurate.stages.lib.hamming_plan import TablePlan, plan_tables
+from mmcurate.stages.near_dedupe import close_pairs, near_groups  # noqa: E402
+from mmcurate.stages.registry import build_stage  # noqa: E402
 
 
 def planted(n: int, radius: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

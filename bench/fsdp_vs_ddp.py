@@ -4,7 +4,8 @@ rounds (ddp, fsdp, zero, ddp, fsdp, zero, ...).
 
     .venv/bin/python bench/fsdp_vs_ddp.py --model ViT-B-32 --batch 4 --steps 6 --rounds 2
 
-Each run: torchrun --nproc-per-node=2 -m trainer on tiny generated shards (the pixels do not
+Each run: torchrun --nproc-per-node=2 -m mmcurate.trainer on tiny generated shards
+(the pixels do not
 change a step's compute), `run.max_steps` steps; the step time is the mean over the steps
 after the first (from metrics.jsonl's samples_per_s), the peak the largest tree PSS seen.
 """
@@ -47,7 +48,11 @@ def one_run(folder: Path, manifest: Path, strategy: str, args: argparse.Namespac
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     with PeakMemory(0.1) as peak:
         subprocess.run(
-            [*cmd, "-m", "trainer", str(config)], check=True, env=env, cwd=REPO, capture_output=True
+            [*cmd, "-m", "mmcurate.trainer", str(config)],
+            check=True,
+            env=env,
+            cwd=REPO,
+            capture_output=True,
         )
     rows = [json.loads(x) for x in (output / "metrics.jsonl").read_text().splitlines()]
     step_s = [args.batch * 2 / r["samples_per_s"] for r in rows[1:]]

@@ -38,10 +38,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from aesthetic import plain_model, save_head  # noqa: E402
 from gpu_util import Utilisation, photo_rows  # noqa: E402
+from mmcurate.stages.lib.aesthetic_head import load_head  # noqa: E402
+from mmcurate.stages.lib.clip_model import ClipModel, prepare_images  # noqa: E402
 from PIL import Image  # noqa: E402
-
-from stages.lib.aesthetic_head import load_head  # noqa: E402
-from stages.lib.clip_model import ClipModel, prepare_images  # noqa: E402
 
 
 class PlainDataset(torch.utils.data.Dataset):

@@ -37,9 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from gpu_util import Utilisation, photo_rows  # noqa: E402
+from mmcurate.stages.lib.captioner import Captioner, Generation, image_processor, prepare_pixels  # noqa: E402
 from PIL import Image  # noqa: E402
-
-from stages.lib.captioner import Captioner, Generation, image_processor, prepare_pixels  # noqa: E402
 
 VISION = dict(  # EVA ViT-g/14, as in blip2-opt-2.7b's config.json
     hidden_size=1408,

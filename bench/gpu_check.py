@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from mmcurate.core.tario import iter_tar_samples
+from mmcurate.stages.lib.clip_model import ClipModel, prepare_images
 from PIL import Image
-
-from core.tario import iter_tar_samples
-from stages.lib.clip_model import ClipModel, prepare_images
 
 
 def samples(folder: Path) -> list[tuple[bytes, str]]:

@@ -62,7 +62,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, "bench")
 from photos import make_photos
-from core.tario import write_tar
+from mmcurate.core.tario import write_tar
 folder = Path(sys.argv[1])
 make_photos(folder / "photos", 4096, captions=True)
 files = sorted((folder / "photos").glob("*.jpg"))
@@ -99,6 +99,6 @@ run: {output: $shards/probe-run, precision: bf16}
 probe: {batch_sizes: [128, 256, 512, 1024, 2048, 4096, 8192, 16384], steps: 3,
         loader_batches: 20, loop_steps: 30}
 YAML
-  timeout 240 python3 -m trainer.probe "$shards/probe.yaml" --target-global-batch 4096 \
+  timeout 240 python3 -m mmcurate.trainer.probe "$shards/probe.yaml" --target-global-batch 4096 \
     --out "$out/probe.json" | tee -a "$out/gpu_check.txt"
 fi

@@ -30,11 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.dist.fsdp import is_fsdp  # noqa: E402
-from trainer.dist.world import Dist  # noqa: E402
-from trainer.probe.ladder import climb, free  # noqa: E402
-from trainer.step import build_parts  # noqa: E402
+from mmcurate.trainer.config import TrainConfig  # noqa: E402
+from mmcurate.trainer.dist.fsdp import is_fsdp  # noqa: E402
+from mmcurate.trainer.dist.world import Dist  # noqa: E402
+from mmcurate.trainer.probe.ladder import climb, free  # noqa: E402
+from mmcurate.trainer.step import build_parts  # noqa: E402
 
 
 def join_alone(device: str) -> None:
@@ -81,8 +81,7 @@ def ladder(args: argparse.Namespace, device: torch.device) -> int | None:
 
 def train_run(args: argparse.Namespace, batch: int, device: torch.device) -> dict:
     from gpu_train import write_manifest
-
-    from trainer.train import train
+    from mmcurate.trainer.train import train
 
     with tempfile.TemporaryDirectory() as out:
         manifest = str(write_manifest(Path(args.shards)))

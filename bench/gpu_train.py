@@ -20,10 +20,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-from core.tario import iter_tar_samples
-from trainer.config import TrainConfig
-from trainer.train import train, training_transport
+from mmcurate.core.tario import iter_tar_samples
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.train import train, training_transport
 
 
 def write_manifest(shards: Path) -> Path:

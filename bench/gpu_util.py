@@ -55,7 +55,7 @@ class Utilisation:
 def photo_rows(shards: Path | None, photos: int, folder: Path) -> list[tuple[bytes, str]]:
     """(JPEG bytes, caption) rows: the shards' samples, or `photos` new ones in `folder`."""
     if shards is not None:
-        from core.tario import iter_tar_samples
+        from mmcurate.core.tario import iter_tar_samples
 
         rows = []
         for tar in sorted(shards.glob("*.tar")):

@@ -45,7 +45,7 @@ def pillow_steps(blob: bytes, simd: bool = False) -> tuple[float, float, float]:
     t1 = time.process_time()
     rgb = image.convert("RGB")
     if simd:
-        from stages.lib.fast_resize import shrink
+        from mmcurate.stages.lib.fast_resize import shrink
 
         small = shrink(rgb, size, Image.Resampling.BOX)
     else:

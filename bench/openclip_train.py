@@ -18,14 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
 # Before Ray is imported; the proxy variables only once pip is done (ensure_venv needs PyPI).
 os.environ.update(loopback_only_env(proxy=False))
 
-from pipeline.build import run_build  # noqa: E402
-from pipeline.config import BuildConfig  # noqa: E402
-from pipeline.demo_data import make_image_text_pairs  # noqa: E402
+from mmcurate.pipeline.build import run_build  # noqa: E402
+from mmcurate.pipeline.config import BuildConfig  # noqa: E402
+from mmcurate.pipeline.demo_data import make_image_text_pairs  # noqa: E402
 
 VENV = Path(__file__).resolve().parent / ".venv-openclip"
 

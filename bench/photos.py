@@ -6,8 +6,7 @@ import io
 from pathlib import Path
 
 import numpy as np
-
-from pipeline.demo_data import SUBJECTS, source_photo
+from mmcurate.pipeline.demo_data import SUBJECTS, source_photo
 
 
 def make_photos(folder: Path, n: int, seed: int = 0, captions: bool = True) -> int:

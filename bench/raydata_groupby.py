@@ -16,7 +16,7 @@ import os
 import platform
 import time
 
-from pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
 # Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
 os.environ.update(loopback_only_env())
@@ -24,10 +24,9 @@ os.environ.update(loopback_only_env())
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import ray  # noqa: E402
-
-from core.mapreduce import RayRunner  # noqa: E402
-from stages.lib.hamming import close_pairs_in_table  # noqa: E402
-from stages.lib.hamming_plan import exact_masks  # noqa: E402
+from mmcurate.core.mapreduce import RayRunner  # noqa: E402
+from mmcurate.stages.lib.hamming import close_pairs_in_table  # noqa: E402
+from mmcurate.stages.lib.hamming_plan import exact_masks  # noqa: E402
 
 
 def group_pairs(group: dict) -> dict:

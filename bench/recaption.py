@@ -52,9 +52,8 @@ def save_model(folder: Path, size: str) -> Path:
 
 def photos(folder: Path, n: int) -> dict:
     """The stage's input columns for n 400-900 px JPEG photos (bench/photos.py), in memory."""
+    from mmcurate.stages.base import DROP, DROP_STAGE
     from photos import make_photos
-
-    from stages.base import DROP, DROP_STAGE
 
     make_photos(folder, n, seed=5)
     files = sorted(folder.glob("*.jpg"))
@@ -86,9 +85,8 @@ def plain_loop(model, processor, images: list[bytes], batch: int, tokens: int) -
 def measure(args, folder: Path, data: dict, threads: int) -> dict:
     import torch
     from interleave import interleaved, summary
+    from mmcurate.stages.registry import build_stage
     from transformers import AutoProcessor, Blip2ForConditionalGeneration
-
-    from stages.registry import build_stage
 
     torch.set_num_threads(threads)
     model = Blip2ForConditionalGeneration.from_pretrained(folder).eval()

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-
-from core.tario import write_tar
-from pipeline.runtime.loopback import loopback_only_env
-from pipeline.runtime.objectstore import LocalS3
+from mmcurate.core.tario import write_tar
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.objectstore import LocalS3
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -37,8 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from memwatch import PeakMemory, tree  # noqa: E402
-
-from core.atomic import write_parquet  # noqa: E402
+from mmcurate.core.atomic import write_parquet  # noqa: E402
 
 ROWS_PER_PART = 1000
 STAGES = [
@@ -139,15 +138,14 @@ def tree_rchar() -> int:
 def phases(work: Path, stages_cfg: list[dict], publish_output: bool) -> dict:
     """What run_build does after phase A, timed phase by phase (this process is the driver)."""
     import ray
-
-    from core.mapreduce import RayRunner
-    from pipeline.decide.phase_b import decide
-    from pipeline.output.groups import Groups, plan_groups, scan_partitions
-    from pipeline.output.layout import kept_starts, kept_tables, plan_layout
-    from pipeline.output.publish import Publication, publish
-    from pipeline.output.stats import build_stats, merge_counts, timing_columns
-    from pipeline.runtime.loopback import loopback_only_env
-    from stages.registry import build_stages
+    from mmcurate.core.mapreduce import RayRunner
+    from mmcurate.pipeline.decide.phase_b import decide
+    from mmcurate.pipeline.output.groups import Groups, plan_groups, scan_partitions
+    from mmcurate.pipeline.output.layout import kept_starts, kept_tables, plan_layout
+    from mmcurate.pipeline.output.publish import Publication, publish
+    from mmcurate.pipeline.output.stats import build_stats, merge_counts, timing_columns
+    from mmcurate.pipeline.runtime.loopback import loopback_only_env
+    from mmcurate.stages.registry import build_stages
 
     os.environ.update(loopback_only_env())
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
@@ -229,11 +227,11 @@ def run_one(n: int, work: Path, publish_output: bool, keep: bool) -> dict:
 def check(n: int, work: Path) -> None:
     """At n rows: the partitioned decisions equal the whole-table oracle (tests/test_decide)."""
     import pyarrow.parquet as pq
+    from mmcurate.core.mapreduce import LocalRunner
+    from mmcurate.pipeline.decide.phase_b import decide
+    from mmcurate.pipeline.output.groups import Groups, plan_groups, read_fate, scan_partitions
+    from mmcurate.stages.registry import build_stages
 
-    from core.mapreduce import LocalRunner
-    from pipeline.decide.phase_b import decide
-    from pipeline.output.groups import Groups, plan_groups, read_fate, scan_partitions
-    from stages.registry import build_stages
     from tests.test_decide import oracle  # the phase B before issue 19, kept as the oracle
 
     if work.exists():

@@ -26,12 +26,11 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
-
-from pipeline.config import SourceConfig
-from pipeline.sources.samples import append_sample, empty_batch
-from pipeline.sources.staging import stage_sources
-from pipeline.sources.synth import laion_like_table, write_csv_list, write_parquet_list
-from pipeline.sources.urls import part_table, plan_urls, read_table, read_urls, url_sample
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.samples import append_sample, empty_batch
+from mmcurate.pipeline.sources.staging import stage_sources
+from mmcurate.pipeline.sources.synth import laion_like_table, write_csv_list, write_parquet_list
+from mmcurate.pipeline.sources.urls import part_table, plan_urls, read_table, read_urls, url_sample
 
 READ = {"bytes": 0, "calls": 0}
 

@@ -19,18 +19,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.runtime.loopback import loopback_only_env
-from pipeline.runtime.objectstore import LocalS3
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.objectstore import LocalS3
 
 # Before Ray is imported: Ray on 127.0.0.1 and nothing sent off loopback (objectstore.py).
 os.environ.update(loopback_only_env())
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
-
-from core.tario import write_tar  # noqa: E402
-from pipeline.build import run_build  # noqa: E402
-from pipeline.config import BuildConfig  # noqa: E402
+from mmcurate.core.tario import write_tar  # noqa: E402
+from mmcurate.pipeline.build import run_build  # noqa: E402
+from mmcurate.pipeline.config import BuildConfig  # noqa: E402
 
 
 def make_input(folder: Path, samples: int, kb: int) -> None:

@@ -40,8 +40,9 @@ def config(source: Path, out: str, storage_options: dict, per_task: int, per_sha
 
 
 def measure(cfg: dict, url: str, storage_options: dict, on: bool) -> dict:
-    from pipeline.build import run_build
-    from pipeline.config import BuildConfig
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import BuildConfig
+
     from tests.storage_probe import PeakSampler, store_bytes, window_bytes
 
     cfg = cfg | {"output": cfg["output"] | {"store_copies_once": on}}
@@ -94,8 +95,8 @@ def main() -> None:
     parser.add_argument("--per-shard", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    from pipeline.demo_data import make_demo_images
-    from pipeline.runtime.objectstore import LocalS3
+    from mmcurate.pipeline.demo_data import make_demo_images
+    from mmcurate.pipeline.runtime.objectstore import LocalS3
 
     with tempfile.TemporaryDirectory() as tmp:
         shape = (args.per_task, args.per_shard)

@@ -20,10 +20,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mmcurate.core.tario import group_samples, iter_tar_samples  # noqa: E402
+from mmcurate.trainer.data.transform import check_image_header  # noqa: E402
 from PIL import Image  # noqa: E402
-
-from core.tario import group_samples, iter_tar_samples  # noqa: E402
-from trainer.data.transform import check_image_header  # noqa: E402
 
 
 def tarfile_samples(fileobj: Any) -> Iterator[dict[str, Any]]:

@@ -100,9 +100,9 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=10.0, help="download's timeout_s")
     ap.add_argument("--source", action="append", default=[], help="KEY=VALUE source option")
     args = ap.parse_args()
-    from pipeline.build import run_build
-    from pipeline.config import BuildConfig
-    from pipeline.runtime.session import shutdown
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import BuildConfig
+    from mmcurate.pipeline.runtime.session import shutdown
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

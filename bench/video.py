@@ -25,10 +25,9 @@ import time
 
 import av
 import numpy as np
-
-from pipeline.video_data import frame_pixels
-from stages.lib.video_decode import plan_indices, with_decord
-from stages.registry import build_stage
+from mmcurate.pipeline.video_data import frame_pixels
+from mmcurate.stages.lib.video_decode import plan_indices, with_decord
+from mmcurate.stages.registry import build_stage
 
 OPTS = {"mode": "uniform", "num_frames": 8, "fps": 1.0, "size": 224, "crop": True, "quality": 90}
 

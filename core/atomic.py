@@ -16,9 +16,8 @@ from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from core.storage import filesystem, is_local, with_retries
-from core.uploads import streamed_upload, streams_uploads
+from mmcurate.core.storage import filesystem, is_local, with_retries
+from mmcurate.core.uploads import streamed_upload, streams_uploads
 
 
 def put_file_atomic(fs: Any, local_path: str, path: str) -> None:

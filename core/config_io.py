@@ -7,7 +7,9 @@ validate the result with a pydantic model whose fields forbid unknown keys.
 from __future__ import annotations
 
 import argparse
+import copy
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -181,8 +183,22 @@ def read_config_text(path: str | Path) -> str:
         raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
 
 
-def load_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
-    """Read a YAML mapping from `path` and apply `--set` overrides in order."""
+def load_yaml(path: str | Path | Mapping[str, Any], overrides: list[str] | None = None) -> dict:
+    """Read a YAML mapping from `path` (or take a config tree already in memory: a copy,
+    so overrides never change the caller's) and apply `--set` overrides in order."""
+    if isinstance(path, Mapping):
+        tree, path = copy.deepcopy(dict(path)), "config"
+        check_acyclic(tree)
+    else:
+        tree = read_yaml_tree(path)
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    for text in overrides or []:
+        apply_override(tree, *parse_override(text))
+    return tree
+
+
+def read_yaml_tree(path: str | Path) -> Any:
     text = read_config_text(path)
     try:
         tree = parse_yaml(text) or {}
@@ -191,10 +207,6 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
         raise ConfigError(f"{path}: {err}") from None
     except (yaml.YAMLError, ValueError) as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    for text in overrides or []:
-        apply_override(tree, *parse_override(text))
     return tree
 
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from core.formats import MANIFEST_FORMAT
+from mmcurate.core.formats import MANIFEST_FORMAT
 
 SHARD_FIELDS = ("name", "samples", "bytes", "sha256")  # one manifest entry per shard
 

@@ -9,6 +9,7 @@ small (`media_bytes`). Whoever spilled a file removes it (`release`) once it is 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import io
@@ -20,7 +21,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -116,9 +117,10 @@ def task_limits() -> tuple[int | None, int | None]:
 
 def task_folder() -> str:
     """The running task's spill folder; outside a task (a stage called directly) a new one in
-    the temp folder, which then lasts for the process."""
+    the temp folder, which then lasts for the process (removed as it exits)."""
     if not _TASK_FOLDER:
         _TASK_FOLDER.append(spill_folder())
+        atexit.register(shutil.rmtree, _TASK_FOLDER[0], True)
     return _TASK_FOLDER[0]
 
 
@@ -251,7 +253,7 @@ class SpillingBuffer:
 
     def __init__(
         self,
-        folder: str,
+        folder: str | Callable[[], str],
         spill_bytes: int | None,
         budget: MemoryBudget,
         expected: int | None = None,
@@ -283,7 +285,8 @@ class SpillingBuffer:
         return True
 
     def to_disk(self) -> None:
-        self.path = os.path.join(self.folder, uuid.uuid4().hex)
+        folder = self.folder() if callable(self.folder) else self.folder
+        self.path = os.path.join(folder, uuid.uuid4().hex)
         self.file = create(self.path, self.size)
         for part in self.parts:
             write(self.file, part, self.path, self.size)
@@ -340,7 +343,7 @@ def sweep_folders(parent: str | None = None, again: bool = False) -> None:
     that pid runs no more, so a rerun clears what a killed run left; a folder of another
     namespace (its pid only looks dead here) once untouched SPILL_STALE_S, as
     core.atomic.sweep_uploads. Once per process unless `again`."""
-    from core.atomic import pid_gone
+    from mmcurate.core.atomic import pid_gone
 
     if parent is None and not again and _SWEPT == [os.getpid()]:
         return  # a task's own folder is removed in its `finally`

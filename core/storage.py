@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fsspec.core import url_to_fs
-
-from core.config_io import ConfigError
+from mmcurate.core.config_io import ConfigError
 
 T = TypeVar("T")
 

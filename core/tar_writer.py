@@ -11,8 +11,8 @@ import tarfile
 from collections.abc import Iterable
 from typing import IO, Any
 
-from core.formats import is_member_column
-from core.spill import Media, Spilled, copy_media, media_bytes, media_size
+from mmcurate.core.formats import is_member_column
+from mmcurate.core.spill import Media, Spilled, copy_media, media_bytes, media_size
 
 BLOCK = tarfile.BLOCKSIZE  # 512: headers and data are padded to whole blocks
 RECORD = tarfile.RECORDSIZE  # 10,240: tarfile pads a closed archive to whole records

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import IO, Any
 
-from core.spill import Spilled, spill_stream
-from core.tar_writer import (  # noqa: F401  (re-exported: the writer's historical home)
+from mmcurate.core.spill import Spilled, spill_stream
+from mmcurate.core.tar_writer import (  # noqa: F401  (re-exported: the writer's historical home)
     BLOCK,
     RECORD,
     USTAR_NAME_BYTES,

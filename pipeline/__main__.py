@@ -1,5 +1,5 @@
 import sys
 
-from pipeline.cli import main
+from mmcurate.pipeline.cli import main
 
 sys.exit(main())

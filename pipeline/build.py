@@ -18,31 +18,30 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-
-from core.config_io import ConfigError
-from core.mapreduce import LocalRunner
-from core.redaction import redact_text
-from core.storage import check_reachable
-from pipeline.config import BuildConfig, check_paths, check_ray_resources
-from pipeline.decide.phase_b import decide
-from pipeline.output.groups import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.mapreduce import LocalRunner
+from mmcurate.core.redaction import redact_text
+from mmcurate.core.storage import check_reachable
+from mmcurate.pipeline.config import BuildConfig, check_paths, check_ray_resources
+from mmcurate.pipeline.decide.phase_b import decide
+from mmcurate.pipeline.output.groups import (
     BYTES_PER_GROUP,
     ROWS_PER_GROUP,
     Groups,
     plan_groups,
     scan_footers,
 )
-from pipeline.output.publish import Publication
-from pipeline.output.resume import AlreadyBuilt, Claim, build_identity, claim_output
-from pipeline.output.stats import build_stats, merge_counts
-from pipeline.phase_a import phase_a
-from pipeline.phase_c import commit, phase_c
-from pipeline.runtime.session import connect, run_tasks
-from pipeline.runtime.session import runner as runtime_runner
-from pipeline.sources.partitions import plan_source
-from pipeline.sources.staging import stage_sources
-from stages.base import Stage
-from stages.registry import build_stages
+from mmcurate.pipeline.output.publish import Publication
+from mmcurate.pipeline.output.resume import AlreadyBuilt, Claim, build_identity, claim_output
+from mmcurate.pipeline.output.stats import build_stats, merge_counts
+from mmcurate.pipeline.phase_a import phase_a
+from mmcurate.pipeline.phase_c import commit, phase_c
+from mmcurate.pipeline.runtime.session import connect, run_tasks
+from mmcurate.pipeline.runtime.session import runner as runtime_runner
+from mmcurate.pipeline.sources.partitions import plan_source
+from mmcurate.pipeline.sources.staging import stage_sources
+from mmcurate.stages.base import Stage
+from mmcurate.stages.registry import build_stages
 
 log = logging.getLogger("mmcurate.build")
 # Phases B and C run their tasks in this process up to this many signature rows: below it a

@@ -1,4 +1,4 @@
-"""`mmcurate build | train | eval | probe | report | demo` (also `python -m pipeline ...`)."""
+"""`mmcurate build | train | eval | probe | report | demo` (also `python -m mmcurate ...`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from core.config_io import ConfigError, add_overrides
-from core.spill import SpillError
+from mmcurate.core.config_io import ConfigError, add_overrides
+from mmcurate.core.spill import SpillError
 
 if TYPE_CHECKING:
-    from pipeline.config import BuildConfig
+    from mmcurate.pipeline.config import BuildConfig
 
 TRAINER_COMMANDS = ("train", "eval", "probe")  # parsed by their own modules, not here
 
@@ -57,16 +57,16 @@ def parser() -> argparse.ArgumentParser:
 
 def trainer_command(name: str, argv: list[str]) -> int:
     """`mmcurate train|eval|probe ARGS`: ARGS go unchanged to that command's own parser, so
-    it is exactly `python -m trainer ...` (help, option order, `--export A B` included)."""
+    it is exactly `python -m mmcurate.trainer ...` (help, option order, `--export A B` included)."""
     if name == "train":
-        from trainer.cli import main as train_main
+        from mmcurate.trainer.cli import main as train_main
 
         return train_main(argv)
     if name == "eval":
-        from trainer.eval.evaluate import main as eval_main
+        from mmcurate.trainer.eval.evaluate import main as eval_main
 
         return eval_main(argv)
-    from trainer.probe.run import main as probe_main
+    from mmcurate.trainer.probe.run import main as probe_main
 
     return probe_main(argv)
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             return build_command(args, exit_when_done=argv is None)
         if args.command == "report":
             return report_command(args.output, args.storage_options)
-        from pipeline.demo import run_demo
+        from mmcurate.pipeline.demo import run_demo
 
         return run_demo(args.out, samples=args.samples, steps=args.steps)
     except ConfigError as err:
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 def report_command(output: str, storage_options: str) -> int:
     """`mmcurate report OUTPUT`: report.html rendered again; a folder without a build or
     bad `--storage-options` is a one-line ConfigError."""
-    from core.redaction import redact_text
-    from pipeline.report.page import render_report
+    from mmcurate.core.redaction import redact_text
+    from mmcurate.pipeline.report.page import render_report
 
     try:
         options = json.loads(storage_options)
@@ -120,13 +120,13 @@ def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int
     """`mmcurate build`. `exit_when_done` (the command's own process): once the manifest is
     committed and the summary printed, a build on the local runtime exits at once, without
     the interpreter's teardown (nothing is left to lose; docs/benchmarks/fixed_cost.md)."""
-    from core.redaction import redact_text
-    from pipeline.build import run_build
-    from pipeline.config import load_build_config
-    from pipeline.runtime.session import prestart, shutdown
+    from mmcurate.core.redaction import redact_text
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import load_build_config
+    from mmcurate.pipeline.runtime.session import prestart, shutdown
 
     if exit_when_done:
-        from core.pandas_probe import skip_pandas_probe
+        from mmcurate.core.pandas_probe import skip_pandas_probe
 
         skip_pandas_probe()
     overrides = list(args.overrides) + (["output.overwrite=true"] if args.overwrite else [])
@@ -168,9 +168,9 @@ def remove_multiprocessing_temp() -> None:
 
 def print_summary(cfg: BuildConfig) -> None:
     """The stage table and phase times at the end of a build (stats.json, read back)."""
-    from core.redaction import redact_text
-    from core.storage import filesystem, join
-    from pipeline.output.stats import stage_table
+    from mmcurate.core.redaction import redact_text
+    from mmcurate.core.storage import filesystem, join
+    from mmcurate.pipeline.output.stats import stage_table
 
     fs, root = filesystem(cfg.output.path, cfg.storage_options)
     stats = json.loads(fs.cat_file(join(root, "stats.json")))

@@ -6,11 +6,10 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from mmcurate.core.config_io import ConfigError, Strict, checked_resources, load_yaml, validate
+from mmcurate.core.storage import GLOB_CHARS, absolute
+from mmcurate.stages.registry import validate_stage_list
 from pydantic import AfterValidator, Field, field_validator, model_validator
-
-from core.config_io import ConfigError, Strict, checked_resources, load_yaml, validate
-from core.storage import GLOB_CHARS, absolute
-from stages.registry import validate_stage_list
 
 PROTOCOL_ALIASES = {"s3a": "s3", "gcs": "gs", "local": "file"}
 
@@ -201,7 +200,7 @@ def check_paths(cfg: BuildConfig) -> None:
         )
 
 
-def load_build_config(path: str | Path, overrides: list[str] | None = None) -> BuildConfig:
+def load_build_config(path: str | Path | dict, overrides: list[str] | None = None) -> BuildConfig:
     """Read, override and validate a build config; ConfigError holds one line."""
     return validate(BuildConfig, load_yaml(path, overrides))
 

@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.config_io import ConfigError
-from pipeline.demo_data import make_demo_images
-from pipeline.output.stats import stage_table
-from pipeline.runtime.loopback import loopback_only_env
-from pipeline.runtime.objectstore import LocalS3, ObjectStoreError, find_weed
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.demo_data import make_demo_images
+from mmcurate.pipeline.output.stats import stage_table
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.objectstore import LocalS3, ObjectStoreError, find_weed
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train_clip.yaml"
@@ -31,11 +31,10 @@ def run_demo(out: str, samples: int = 500, steps: int = 40) -> int:
     os.environ.update(loopback_only_env())
     os.environ.pop("RAY_ADDRESS", None)
     import ray
-
-    from pipeline.build import run_build
-    from pipeline.config import load_build_config
-    from trainer.config import load_train_config  # import late: torch is slow to load
-    from trainer.train import train
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import load_build_config
+    from mmcurate.trainer.config import load_train_config  # import late: torch is slow to load
+    from mmcurate.trainer.train import train
 
     root = Path(out).resolve()
     made = make_demo_images(root / "images", n=samples, exact_copies=5, broken=5, seed=0)

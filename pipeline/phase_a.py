@@ -10,30 +10,30 @@ from collections import deque
 from collections.abc import Iterator
 from functools import partial
 
-from core.atomic import write_parquet
-from core.progress import report
-from core.spill import Spilled, remove_folder, set_task_folder, spill_folder, sweep_folders
-from core.storage import join
-from pipeline.config import BuildConfig
-from pipeline.output.candidates import ClaimLost, noted, run_chain, write_candidate
-from pipeline.output.markers import done_parts, mark, part_marker
-from pipeline.output.media_index import (
+from mmcurate.core.atomic import write_parquet
+from mmcurate.core.progress import report
+from mmcurate.core.spill import Spilled, remove_folder, set_task_folder, spill_folder, sweep_folders
+from mmcurate.core.storage import join
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.output.candidates import ClaimLost, noted, run_chain, write_candidate
+from mmcurate.pipeline.output.markers import done_parts, mark, part_marker
+from mmcurate.pipeline.output.media_index import (
     Index,
     PartitionMedia,
     finish_partition,
     partition_done,
     start_run_index,
 )
-from pipeline.output.resume import Claim
-from pipeline.output.shard_metadata import candidate_metadata, metadata_name
-from pipeline.output.shards import candidate_name
-from pipeline.output.signatures import signature_table
-from pipeline.runtime.actors import RemoteEncoder, start_pools, stop_pools
-from pipeline.runtime.session import fitted_memory, run_tasks
-from pipeline.sources.partitions import read_chunks
-from pipeline.sources.samples import Reading
-from stages.base import DROP, Stage
-from stages.registry import build_stages, stage_order
+from mmcurate.pipeline.output.resume import Claim
+from mmcurate.pipeline.output.shard_metadata import candidate_metadata, metadata_name
+from mmcurate.pipeline.output.shards import candidate_name
+from mmcurate.pipeline.output.signatures import signature_table
+from mmcurate.pipeline.runtime.actors import RemoteEncoder, start_pools, stop_pools
+from mmcurate.pipeline.runtime.session import fitted_memory, run_tasks
+from mmcurate.pipeline.sources.partitions import read_chunks
+from mmcurate.pipeline.sources.samples import Reading
+from mmcurate.stages.base import DROP, Stage
+from mmcurate.stages.registry import build_stages, stage_order
 
 log = logging.getLogger("mmcurate.build")
 

@@ -10,17 +10,17 @@ import logging
 from functools import partial
 from typing import Any
 
-from core.atomic import write_bytes_atomic
-from core.manifest import manifest_document
-from core.mapreduce import Runner
-from core.redaction import redact
-from core.storage import filesystem, join
-from pipeline.config import BuildConfig
-from pipeline.output.buckets_file import write_buckets_file
-from pipeline.output.groups import Groups
-from pipeline.output.layout import kept_starts, kept_tables, plan_layout, spans_spec
-from pipeline.output.markers import done_shards, mark, shard_marker
-from pipeline.output.publish import (
+from mmcurate.core.atomic import write_bytes_atomic
+from mmcurate.core.manifest import manifest_document
+from mmcurate.core.mapreduce import Runner
+from mmcurate.core.redaction import redact
+from mmcurate.core.storage import filesystem, join
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.output.buckets_file import write_buckets_file
+from mmcurate.pipeline.output.groups import Groups
+from mmcurate.pipeline.output.layout import kept_starts, kept_tables, plan_layout, spans_spec
+from mmcurate.pipeline.output.markers import done_shards, mark, shard_marker
+from mmcurate.pipeline.output.publish import (
     MANIFEST,
     Publication,
     output_files,
@@ -28,16 +28,16 @@ from pipeline.output.publish import (
     shard_files,
     wids_index,
 )
-from pipeline.output.resume import Claim, drop_work, final_files, record_files
-from pipeline.output.retire import shard_written, start_retiring
-from pipeline.output.shard_metadata import plan_shard_schema
-from pipeline.output.shard_refs import referring_parts, with_refs
-from pipeline.output.shards import write_shard
-from pipeline.output.stats import timing_columns
-from pipeline.phase_a import stopped
-from pipeline.report.page import render_report
-from pipeline.runtime.session import run_tasks
-from stages.base import Stage
+from mmcurate.pipeline.output.resume import Claim, drop_work, final_files, record_files
+from mmcurate.pipeline.output.retire import shard_written, start_retiring
+from mmcurate.pipeline.output.shard_metadata import plan_shard_schema
+from mmcurate.pipeline.output.shard_refs import referring_parts, with_refs
+from mmcurate.pipeline.output.shards import write_shard
+from mmcurate.pipeline.output.stats import timing_columns
+from mmcurate.pipeline.phase_a import stopped
+from mmcurate.pipeline.report.page import render_report
+from mmcurate.pipeline.runtime.session import run_tasks
+from mmcurate.stages.base import Stage
 
 log = logging.getLogger("mmcurate.build")
 

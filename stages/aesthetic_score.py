@@ -17,12 +17,10 @@ import os
 from typing import Any
 
 import numpy as np
-from pydantic import Field
-
-from core.config_io import ConfigError
-from core.spill import media_bytes, media_size
-from stages.base import Columns, ModelOptions, ModelStage, Stage, register
-from stages.clip_score import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.spill import media_bytes, media_size
+from mmcurate.stages.base import Columns, ModelOptions, ModelStage, Stage, register
+from mmcurate.stages.clip_score import (
     KeepsTopFraction,
     mean_per_sample,
     picture_batches,
@@ -30,7 +28,8 @@ from stages.clip_score import (
     prepared,
     with_fields,
 )
-from stages.lib.aesthetic_head import AestheticHead, load_head
+from mmcurate.stages.lib.aesthetic_head import AestheticHead, load_head
+from pydantic import Field
 
 TOP_REASON = "below_aesthetic_top_fraction"
 READ_MAX = 256 << 20  # a spilled picture is read whole (it may go to an actor) only below this
@@ -81,7 +80,7 @@ class AestheticScore(KeepsTopFraction, ModelStage):
                 f"{self.options.model} makes {dim}-dim ones"
             )
         if not self.shared:  # a shared model is checked by the stage that runs it
-            from stages.lib.clip_model import check_model
+            from mmcurate.stages.lib.clip_model import check_model
 
             check_model(self.options.model, self.options.pretrained, where)
 
@@ -138,7 +137,7 @@ class AestheticScore(KeepsTopFraction, ModelStage):
         return found
 
     def local_model(self) -> Any:
-        from stages.lib.clip_model import cached_model
+        from mmcurate.stages.lib.clip_model import cached_model
 
         opts = self.options
         return cached_model(opts.model, opts.pretrained, opts.device, opts.precision)
@@ -148,8 +147,7 @@ def embedding_dim(model: str) -> int | None:
     """The image embedding size of an open_clip model by name (None where its config is not
     known without loading it: hf-hub and local folders)."""
     import open_clip
-
-    from core.model_configs import register as register_configs
+    from mmcurate.core.model_configs import register as register_configs
 
     register_configs()
     config = open_clip.get_model_config(model)

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from mmcurate.core.formats import meta_json
+from mmcurate.core.spill import open_media
+from mmcurate.stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, media_column, register
+from mmcurate.stages.base import sample_meta as read_meta
+from mmcurate.stages.decode_image import FILTERS, allow_pixels, encode
+from mmcurate.stages.lib import buckets as plan
+from mmcurate.stages.lib.fast_resize import shrink
+from mmcurate.stages.lib.pixels import DECODE_ERRORS, orientation, to_rgb, upright
 from PIL import Image
 from pydantic import Field, StrictInt, field_validator, model_validator
-
-from core.formats import meta_json
-from core.spill import open_media
-from stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, media_column, register
-from stages.base import sample_meta as read_meta
-from stages.decode_image import FILTERS, allow_pixels, encode
-from stages.lib import buckets as plan
-from stages.lib.fast_resize import shrink
-from stages.lib.pixels import DECODE_ERRORS, orientation, to_rgb, upright
 
 SWAPS_SIDES = (5, 6, 7, 8)  # EXIF orientations that turn the image a quarter
 WEBP_MAX_SIDE = 16383  # libwebp's limit

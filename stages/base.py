@@ -15,10 +15,8 @@ import time
 from typing import Annotated, Any, ClassVar, Literal
 
 import pyarrow as pa
-from pydantic import AfterValidator, Field
-
-from core.config_io import Strict, checked_resources
-from core.formats import (  # noqa: F401  (re-exported: the stage interface's column names)
+from mmcurate.core.config_io import Strict, checked_resources
+from mmcurate.core.formats import (  # noqa: F401  (re-exported: the stage interface's column names)
     FRAME_COLUMN,
     IMAGE_COLUMNS,
     VIDEO_COLUMNS,
@@ -26,8 +24,9 @@ from core.formats import (  # noqa: F401  (re-exported: the stage interface's co
     is_media_column,
     sample_meta,
 )
-from core.mapreduce import Runner
-from stages.lib.decisions import KeyedDecision, TopFraction
+from mmcurate.core.mapreduce import Runner
+from mmcurate.stages.lib.decisions import KeyedDecision, TopFraction
+from pydantic import AfterValidator, Field
 
 Columns = dict[str, list[Any]]
 

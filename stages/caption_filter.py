@@ -13,16 +13,14 @@ each has its own drop reason.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
-
-from stages.base import Columns, Stage, StageOptions, register
-from stages.lib.text_count import (
+from mmcurate.stages.base import Columns, Stage, StageOptions, register
+from mmcurate.stages.lib.text_count import (
     JA_CHARS_PER_WORD,
     UNSPACED_CHARS_PER_WORD,
     ZH_CHARS_PER_WORD,
     word_count,
 )
-from stages.lib.text_rules import (
+from mmcurate.stages.lib.text_rules import (
     Blocklist,
     blocklist,
     letter_fraction,
@@ -30,6 +28,7 @@ from stages.lib.text_rules import (
     repeated_fraction,
     tokens,
 )
+from pydantic import Field, model_validator
 
 
 class CaptionFilterOptions(StageOptions):

@@ -22,12 +22,10 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import Field, field_validator, model_validator
-
-from core.formats import meta_json
-from core.mapreduce import Runner
-from core.spill import media_bytes
-from stages.base import (
+from mmcurate.core.formats import meta_json
+from mmcurate.core.mapreduce import Runner
+from mmcurate.core.spill import media_bytes
+from mmcurate.stages.base import (
     FRAME_COLUMN,
     Columns,
     ModelOptions,
@@ -36,11 +34,12 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.lib.clip_model import ClipModel, cached_model, check_model
-from stages.lib.decisions import TopFraction, top_count
-from stages.lib.dedupe_common import Decisions, live_rows
-from stages.lib.pixels import READ_IMAGE_MAX, too_big
-from stages.lib.text_prompts import ConceptOptions, concept_probability, prompt_sets
+from mmcurate.stages.lib.clip_model import ClipModel, cached_model, check_model
+from mmcurate.stages.lib.decisions import TopFraction, top_count
+from mmcurate.stages.lib.dedupe_common import Decisions, live_rows
+from mmcurate.stages.lib.pixels import READ_IMAGE_MAX, too_big
+from mmcurate.stages.lib.text_prompts import ConceptOptions, concept_probability, prompt_sets
+from pydantic import Field, field_validator, model_validator
 
 TOP_REASON = "below_top_fraction"
 

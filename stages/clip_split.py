@@ -29,11 +29,9 @@ import time
 import uuid
 from typing import ClassVar, Literal
 
-from pydantic import Field
-
-from core.formats import FRAME_COLUMN, meta_json
-from core.spill import Media, Spilled, media_bytes, release, task_folder
-from stages.base import (
+from mmcurate.core.formats import FRAME_COLUMN, meta_json
+from mmcurate.core.spill import Media, Spilled, media_bytes, release, task_folder
+from mmcurate.stages.base import (
     DROP,
     DROP_STAGE,
     VIDEO_COLUMNS,
@@ -44,9 +42,10 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.lib.isolation import Isolated
-from stages.lib.video_split import CLIP_CONTAINER, split_video
-from stages.video_frames import PARENT, decoder_input, isolated_decode
+from mmcurate.stages.lib.isolation import Isolated
+from mmcurate.stages.lib.video_split import CLIP_CONTAINER, split_video
+from mmcurate.stages.video_frames import PARENT, decoder_input, isolated_decode
+from pydantic import Field
 
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
 
@@ -72,7 +71,7 @@ class ClipSplit(Stage):
     expands: ClassVar[bool] = True
 
     def setup(self) -> None:
-        self.decoder = Isolated(preload=("stages.lib.video_split", "av"))
+        self.decoder = Isolated(preload=("mmcurate.stages.lib.video_split", "av"))
 
     def __call__(self, batch: Columns) -> Columns:
         if not self._ready:

@@ -6,12 +6,9 @@ import io
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-from PIL import Image
-from pydantic import Field
-
-from core.formats import meta_json
-from core.spill import Spilled
-from stages.base import (
+from mmcurate.core.formats import meta_json
+from mmcurate.core.spill import Spilled
+from mmcurate.stages.base import (
     IMAGE_COLUMNS,
     Columns,
     Stage,
@@ -20,8 +17,10 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.lib.fast_resize import shrink
-from stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, too_big, upright
+from mmcurate.stages.lib.fast_resize import shrink
+from mmcurate.stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, too_big, upright
+from PIL import Image
+from pydantic import Field
 
 PIL_FORMATS = {"jpg": "JPEG", "webp": "WEBP", "png": "PNG"}
 MAX_SIDE = {"webp": 16383, "jpg": 65500}  # what the format can hold (PNG: no practical limit)

@@ -18,14 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+from mmcurate.core.formats import meta_json
+from mmcurate.core.spill import MemoryBudget, SpillError, task_folder, task_limits
+from mmcurate.stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, register, sample_meta
+from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.http_conn import Connections
+from mmcurate.stages.lib.http_fetch import Fetched, SpillTo, fetch
 from pydantic import Field
-
-from core.formats import meta_json
-from core.spill import MemoryBudget, SpillError, task_folder, task_limits
-from stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, register, sample_meta
-from stages.lib.fetch_policy import FetchPolicy
-from stages.lib.http_conn import Connections
-from stages.lib.http_fetch import Fetched, SpillTo, fetch
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class Download(Stage):
         size = len(batch["__key__"])
         urls = batch.get("url") or [None] * size
         spill_bytes, chunk_bytes = task_limits()
-        spill = SpillTo(task_folder(), spill_bytes, MemoryBudget(chunk_bytes))
+        spill = SpillTo(task_folder, spill_bytes, MemoryBudget(chunk_bytes))
         results = list(self.executor.map(partial(self.fetch_one, spill=spill), urls))
         for col in IMAGE_COLUMNS:
             batch[col] = [r.data if r and r.column == col else None for r in results]

@@ -18,13 +18,19 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
-from core.spill import COPY_BLOCK, Spilled
-from stages.base import Columns, Stage, StageOptions, media_column, register
-from stages.lib.decisions import KeyedDecision, split_by
-from stages.lib.dedupe_common import Decisions, keepers, live_rows, priority_rank
-from stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, too_big, upright
+from mmcurate.core.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from mmcurate.core.spill import COPY_BLOCK, Spilled
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
+from mmcurate.stages.lib.decisions import KeyedDecision, split_by
+from mmcurate.stages.lib.dedupe_common import Decisions, keepers, live_rows, priority_rank
+from mmcurate.stages.lib.pixels import (
+    DECODE_ERRORS,
+    failure_reason,
+    open_image,
+    to_rgb,
+    too_big,
+    upright,
+)
 
 RANKED_BY = ("clip_score",)  # read where the build has it (identical images tie on size)
 DROPPED = ("sha256", *RANKED_BY)  # columns the decisions do not carry

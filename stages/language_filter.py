@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 
+from mmcurate.core.formats import meta_json
+from mmcurate.stages.base import Columns, Stage, StageOptions, register, sample_meta
+from mmcurate.stages.lib.text_language import shared_detector, unknown_codes
 from pydantic import Field, field_validator
-
-from core.formats import meta_json
-from stages.base import Columns, Stage, StageOptions, register, sample_meta
-from stages.lib.text_language import shared_detector, unknown_codes
 
 
 class LanguageFilterOptions(StageOptions):

@@ -17,9 +17,8 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
+from mmcurate.stages.base import Columns, Stage, StageOptions, register, sample_meta
 from pydantic import Field, field_validator
-
-from stages.base import Columns, Stage, StageOptions, register, sample_meta
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,

@@ -27,10 +27,8 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
-
-from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
-from stages.base import (
+from mmcurate.core.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from mmcurate.stages.base import (
     FRAME_COLUMN,
     Columns,
     Stage,
@@ -39,14 +37,14 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.lib.dedupe_common import (
+from mmcurate.stages.lib.dedupe_common import (
     Decisions,
     group_decisions,
     live_rows,
     priority_rank,
     star_keepers,
 )
-from stages.lib.hamming import (
+from mmcurate.stages.lib.hamming import (
     distinct,
     expand_pairs,
     group_task,
@@ -56,10 +54,11 @@ from stages.lib.hamming import (
     unique_inverse,
     unique_pairs,
 )
-from stages.lib.hamming_plan import TablePlan, plan_tables
-from stages.lib.image_hash import image_signals
-from stages.lib.near_verify import candidate_entries, class_leaders, verify_pairs
-from stages.lib.pixels import DECODE_ERRORS, failure_reason, too_big
+from mmcurate.stages.lib.hamming_plan import TablePlan, plan_tables
+from mmcurate.stages.lib.image_hash import image_signals
+from mmcurate.stages.lib.near_verify import candidate_entries, class_leaders, verify_pairs
+from mmcurate.stages.lib.pixels import DECODE_ERRORS, failure_reason, too_big
+from pydantic import Field
 
 log = logging.getLogger("mmcurate.near_dedupe")
 ENTRY_BYTES = 16  # one routed (hash, id) pair

@@ -35,11 +35,9 @@ from functools import partial
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import AfterValidator, Field, model_validator
-
-from core.config_io import ConfigError, checked_resources
-from core.formats import meta_json
-from stages.base import (
+from mmcurate.core.config_io import ConfigError, checked_resources
+from mmcurate.core.formats import meta_json
+from mmcurate.stages.base import (
     FRAME_COLUMN,
     Columns,
     ModelStage,
@@ -48,8 +46,8 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.clip_score import with_fields
-from stages.lib.captioner import (
+from mmcurate.stages.clip_score import with_fields
+from mmcurate.stages.lib.captioner import (
     Generation,
     RecaptionModel,
     cached_recaption_model,
@@ -57,7 +55,8 @@ from stages.lib.captioner import (
     image_processor,
     prepare_pixels,
 )
-from stages.lib.captioner_check import check_captioner
+from mmcurate.stages.lib.captioner_check import check_captioner
+from pydantic import AfterValidator, Field, model_validator
 
 CHOICES = ("best_score", "fill", "mix", "synthetic", "original")
 FILLS_BLANKS = ("best_score", "fill")  # modes that caption a sample that came without one

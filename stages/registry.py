@@ -5,16 +5,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from mmcurate.core.config_io import ConfigError, describe_validation_error
+from mmcurate.stages.base import _REGISTRY, Stage, label_stages
+from mmcurate.stages.lib.dead_ends import dead_end
 from pydantic import ValidationError
-
-from core.config_io import ConfigError, describe_validation_error
-from stages.base import _REGISTRY, Stage, label_stages
-from stages.lib.dead_ends import dead_end
 
 # Each stage's module, imported only when a config names the stage: a build imports what it
 # runs (PyAV, pandas, scipy, open_clip stay out of builds that do not use them).
 STAGE_MODULES = {
-    name: f"stages.{name}"
+    name: f"mmcurate.stages.{name}"
     for name in (
         "aesthetic_score",
         "aspect_buckets",

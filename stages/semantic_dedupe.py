@@ -20,13 +20,12 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+from mmcurate.core.mapreduce import LocalRunner, Runner, partitions_for, split_range
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
+from mmcurate.stages.lib.clip_model import cached_model, check_model
+from mmcurate.stages.lib.dedupe_common import Decisions, live_rows, priority_rank
+from mmcurate.stages.lib.semdedup import map_block, normalize, reduce_clusters, train_centroids
 from pydantic import Field
-
-from core.mapreduce import LocalRunner, Runner, partitions_for, split_range
-from stages.base import Columns, Stage, StageOptions, media_column, register
-from stages.lib.clip_model import cached_model, check_model
-from stages.lib.dedupe_common import Decisions, live_rows, priority_rank
-from stages.lib.semdedup import map_block, normalize, reduce_clusters, train_centroids
 
 log = logging.getLogger("mmcurate.semantic_dedupe")
 

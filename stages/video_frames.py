@@ -18,11 +18,9 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-from pydantic import Field
-
-from core.formats import FRAME_COLUMN, meta_json
-from core.spill import Media, Spilled, release, spill_bytes, task_folder
-from stages.base import (
+from mmcurate.core.formats import FRAME_COLUMN, meta_json
+from mmcurate.core.spill import Media, Spilled, release, spill_bytes, task_folder
+from mmcurate.stages.base import (
     VIDEO_COLUMNS,
     Columns,
     Stage,
@@ -32,8 +30,9 @@ from stages.base import (
     register,
     sample_meta,
 )
-from stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
-from stages.lib.video_decode import sample_video
+from mmcurate.stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from mmcurate.stages.lib.video_decode import sample_video
+from pydantic import Field
 
 PARENT = "__parent__"  # the source key of a clip cut by clip_split (None: not a clip)
 PIPE_MAX_BYTES = 1 << 20  # bytes values up to this go to the decoder over the pipe
@@ -56,7 +55,7 @@ class VideoFrames(Stage):
     Options = VideoFramesOptions
 
     def setup(self) -> None:
-        self.decoder = Isolated(preload=("stages.lib.video_decode", "decord", "av"))
+        self.decoder = Isolated(preload=("mmcurate.stages.lib.video_decode", "decord", "av"))
 
     def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])

@@ -15,10 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+from mmcurate.pipeline.build import run_build  # noqa: E402
+from mmcurate.pipeline.config import BuildConfig  # noqa: E402
+from mmcurate.pipeline.runtime.session import shutdown  # noqa: E402
+
 from bench.memwatch import PeakMemory, tree_pss  # noqa: E402
-from pipeline.build import run_build  # noqa: E402
-from pipeline.config import BuildConfig  # noqa: E402
-from pipeline.runtime.session import shutdown  # noqa: E402
 
 
 def main(spec_path: str) -> None:

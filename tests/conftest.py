@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
 # Nothing a test starts may send traffic off loopback. Ray reads some of these when it is
 # imported, so they are set before any test imports it: Ray advertises 127.0.0.1 instead of
@@ -26,7 +25,7 @@ def builds_on_ray_when_asked(request: pytest.FixtureRequest) -> None:
     build (run before Ray was up, so on the local runtime) leaves its pool behind, and a
     build would run there instead, silently skipping what only Ray checks."""
     if "ray_session" in request.fixturenames:
-        from pipeline.runtime.session import shutdown
+        from mmcurate.pipeline.runtime.session import shutdown
 
         shutdown()
 
@@ -66,7 +65,7 @@ def ray_session() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """A SeaweedFS S3 server on 127.0.0.1 for the session (runtime.objectstore.LocalS3)."""
-    from pipeline.runtime.objectstore import LocalS3
+    from mmcurate.pipeline.runtime.objectstore import LocalS3
 
     with LocalS3(tmp_path_factory.mktemp("seaweedfs")) as server:
         yield server
@@ -83,7 +82,7 @@ def s3_bucket(s3) -> str:
 @pytest.fixture
 def image_folder(tmp_path: Path) -> Callable[..., Path]:
     """Factory: `image_folder(n=20, seed=0, exact_copies=0, broken=0) -> Path` of jpg/txt pairs."""
-    from pipeline.demo_data import make_demo_images
+    from mmcurate.pipeline.demo_data import make_demo_images
 
     counter = iter(range(1_000_000))
 
@@ -98,7 +97,7 @@ def image_folder(tmp_path: Path) -> Callable[..., Path]:
 @pytest.fixture
 def tar_shards(tmp_path: Path) -> Callable[..., Path]:
     """Factory: `tar_shards(n_shards=2, per_shard=10, seed=0) -> Path` of WebDataset shards."""
-    from pipeline.demo_data import write_tar_shards
+    from mmcurate.pipeline.demo_data import write_tar_shards
 
     counter = iter(range(1_000_000))
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mmcurate.pipeline.config import SourceConfig  # noqa: E402
+from mmcurate.pipeline.report.page import render_report  # noqa: E402
+from mmcurate.pipeline.sources.urls import plan_urls  # noqa: E402
+
 from bench.memwatch import PeakMemory, tree_pss  # noqa: E402
-from pipeline.config import SourceConfig  # noqa: E402
-from pipeline.report.page import render_report  # noqa: E402
-from pipeline.sources.urls import plan_urls  # noqa: E402
 
 
 def run(step: str, path: str) -> dict:

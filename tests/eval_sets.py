@@ -11,9 +11,8 @@ from pathlib import Path
 
 import torch
 import yaml
-
-from pipeline.demo_data import iter_samples
-from trainer.eval.evaluate import main
+from mmcurate.pipeline.demo_data import iter_samples
+from mmcurate.trainer.eval.evaluate import main
 
 PHOTOS = list(iter_samples(30, seed=5))
 

@@ -9,9 +9,8 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+from mmcurate.pipeline.demo_data import source_photo
 from PIL import Image
-
-from pipeline.demo_data import source_photo
 
 
 def photo_bytes(

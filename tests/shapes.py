@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+from mmcurate.core.tario import write_tar
 from PIL import Image, ImageDraw
-
-from core.tario import write_tar
 
 COLOURS = {
     "red": (220, 30, 30),

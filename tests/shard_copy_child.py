@@ -11,11 +11,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mmcurate.core.atomic import open_atomic, write_parquet
+from mmcurate.core.storage import filesystem
+from mmcurate.pipeline.output.shard_metadata import candidate_metadata
+from mmcurate.pipeline.output.shards import write_shard
+
 from bench.memwatch import PeakMemory, tree_pss  # noqa: E402
-from core.atomic import open_atomic, write_parquet
-from core.storage import filesystem
-from pipeline.output.shard_metadata import candidate_metadata
-from pipeline.output.shards import write_shard
 
 BLOCK = hashlib.sha256(b"x").digest() * (1 << 15)  # 1 MiB, incompressible enough
 

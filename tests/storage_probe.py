@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from core.storage import filesystem
+from mmcurate.core.storage import filesystem
 
 
 def local_bytes(root: str) -> int:

@@ -8,7 +8,7 @@ import json
 import os
 import threading
 
-from trainer.health.telemetry import GpuReading
+from mmcurate.trainer.health.telemetry import GpuReading
 
 READINGS_ENV = "MMCURATE_TEST_GPU_READINGS"
 

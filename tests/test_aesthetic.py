@@ -13,13 +13,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.stages.registry import build_stage, build_stages
 from PIL import Image
 from safetensors.torch import save_file
 
-from core.config_io import ConfigError
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from stages.registry import build_stage, build_stages
 from tests.shapes import make_shapes, write_folder
 from tests.test_stages import batch_of
 
@@ -69,8 +69,7 @@ def save_head(head: torch.nn.Module, folder, suffix: str) -> str:
 def plain_embeddings():
     """The shapes' image embeddings by open_clip alone (its own preprocess), normalised."""
     import open_clip
-
-    from core.model_configs import register
+    from mmcurate.core.model_configs import register
 
     register()
     samples = make_shapes(12, seed=4)

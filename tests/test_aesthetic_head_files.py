@@ -11,10 +11,10 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from mmcurate.core.config_io import ConfigError
+from mmcurate.stages.registry import build_stage
 from safetensors.torch import save_file
 
-from core.config_io import ConfigError
-from stages.registry import build_stage
 from tests.test_aesthetic import TINY, random_head
 
 SPEC = {"name": "aesthetic_score", **TINY}

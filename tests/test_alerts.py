@@ -10,11 +10,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-from core.config_io import ConfigError, validate
-from trainer.config import TrainConfig
-from trainer.health.alerts import Alerts
-from trainer.launch import loop_config, worker_config
+from mmcurate.core.config_io import ConfigError, validate
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.health.alerts import Alerts
+from mmcurate.trainer.launch import loop_config, worker_config
 
 FIELDS = {"run", "step", "event", "message", "metrics", "time"}
 

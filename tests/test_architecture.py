@@ -31,8 +31,37 @@ def imported_packages(path: Path) -> set[str]:
             names = [node.module]
         else:
             continue
+        names = [n.removeprefix("mmcurate.") for n in names if n.startswith("mmcurate.")]
         found |= {n.split(".")[0] for n in names if n.split(".")[0] in PACKAGES}
     return found
+
+
+def bare_imports(path: Path) -> list[str]:
+    """Imports of a part by its bare name (`from core.x import y`): installed, the parts exist
+    only as `mmcurate.core` ..., and a second import path would load every module (and the
+    stage registry) twice."""
+    bare = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        bare += [
+            f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+            for n in names
+            if n.split(".")[0] in PACKAGES
+        ]
+    return bare
+
+
+def test_every_import_of_a_part_goes_through_mmcurate():
+    files = [
+        p for folder in ("mmcurate", *PACKAGES, "tests", "bench") for p in python_files(folder)
+    ]
+    assert len(files) > 300
+    assert [line for path in files for line in bare_imports(path)] == []
 
 
 def python_files(package: str) -> list[Path]:

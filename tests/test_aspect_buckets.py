@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 import pytest
+from mmcurate.core.config_io import ConfigError
+from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from core.config_io import ConfigError
-from stages.registry import build_stage
 from tests.test_stages import batch_of
 
 # The SDXL paper, appendix (multi-aspect training), as printed: height, width, aspect ratio.
@@ -207,8 +207,8 @@ def test_bad_options_fail_in_one_line(options, message):
 def test_a_build_writes_buckets_json_counted_over_the_kept_samples(tmp_path):
     import tarfile
 
-    from pipeline.build import run_build
-    from pipeline.config import BuildConfig
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import BuildConfig
 
     folder = tmp_path / "in"
     folder.mkdir()

@@ -17,17 +17,17 @@ import fsspec
 import pytest
 import torch
 import yaml
+from mmcurate.trainer.cli import main
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.batch import Batch
+from mmcurate.trainer.data.cache import ShardCache
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from mmcurate.trainer.data.manifest import NoUsableData, read_manifest
+from mmcurate.trainer.data.plan import WeightedManifest, epoch_pieces
+from mmcurate.trainer.models import build_model
+from mmcurate.trainer.train import train
 
 from tests.test_loader import REPO, printed_summaries, run_torchrun, write_uneven_shards
-from trainer.cli import main
-from trainer.config import TrainConfig
-from trainer.data.batch import Batch
-from trainer.data.cache import ShardCache
-from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-from trainer.data.manifest import NoUsableData, read_manifest
-from trainer.data.plan import WeightedManifest, epoch_pieces
-from trainer.models import build_model
-from trainer.train import train
 
 SIZES = (40, 24, 56)  # 120 samples: 7 batches of 16 (8 left over)
 SEED = 4
@@ -263,9 +263,9 @@ def test_the_cache_downloads_again_a_copy_damaged_on_its_disk(s3, s3_bucket, tmp
 
 TRAIN_AFTER_S3_USE = """
 import json, os, pathlib
-from pipeline.runtime.objectstore import LocalS3
-from trainer.config import TrainConfig
-from trainer.train import train
+from mmcurate.pipeline.runtime.objectstore import LocalS3
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.train import train
 
 tree, shards = json.loads(os.environ["TEST_TREE"]), pathlib.Path(os.environ["TEST_SHARDS"])
 with LocalS3(pathlib.Path(os.environ["TEST_S3_DIR"])) as s3:  # as `mmcurate demo` does
@@ -335,7 +335,7 @@ def test_loader_workers_inherit_no_storage_session(s3, s3_bucket):
     """The cause of those errors, checked directly: a forked worker gets no S3 filesystem of
     the training process, neither a cached one nor garbage (a dropped one is in a cycle, so
     only the collector frees it, in whichever process and thread it runs)."""
-    from trainer.data.ring import RingLoader
+    from mmcurate.trainer.data.ring import RingLoader
 
     for _ in range(3):
         s3.filesystem().ls(s3_bucket)

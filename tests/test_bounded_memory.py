@@ -17,11 +17,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from core.spill import SPILL_PREFIX
-from core.tario import member_header
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
+from mmcurate.core.spill import SPILL_PREFIX
+from mmcurate.core.tario import member_header
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,10 +188,10 @@ def test_chunking_and_spilling_change_no_output_byte(ray_session, tmp_path, kind
 
 
 def test_a_tar_read_in_chunks_with_spills_is_the_tar_read_whole(tmp_path, tar_shards):
-    from core.spill import Spilled
-    from pipeline.config import SourceConfig
-    from pipeline.sources.partitions import plan_source, read_chunks, read_partition
-    from pipeline.sources.samples import Reading
+    from mmcurate.core.spill import Spilled
+    from mmcurate.pipeline.config import SourceConfig
+    from mmcurate.pipeline.sources.partitions import plan_source, read_chunks, read_partition
+    from mmcurate.pipeline.sources.samples import Reading
 
     part = plan_source(SourceConfig(kind="webdataset", path=f"{tar_shards(1, 6)}/*.tar"), {})[0]
     whole = read_partition(part, {})
@@ -207,10 +206,10 @@ def test_a_tar_read_in_chunks_with_spills_is_the_tar_read_whole(tmp_path, tar_sh
 
 
 def test_image_stages_read_a_spilled_image_from_disk(tmp_path):
-    from core.spill import Spilled, spill_bytes
-    from pipeline.demo_data import make_demo_images
-    from stages.lib.pixels import SPILLED_IMAGE_MAX
-    from stages.registry import build_stages
+    from mmcurate.core.spill import Spilled, spill_bytes
+    from mmcurate.pipeline.demo_data import make_demo_images
+    from mmcurate.stages.lib.pixels import SPILLED_IMAGE_MAX
+    from mmcurate.stages.registry import build_stages
 
     make_demo_images(tmp_path / "img", n=4, exact_copies=0, broken=0)
     photos = sorted((tmp_path / "img").glob("*.jpg"))[:2]
@@ -238,10 +237,10 @@ def test_a_spill_folder_that_cannot_take_a_member_fails_the_task_not_the_tar(tmp
     """A local disk that cannot take a spilled member (full, gone: here a folder path that is
     a file) is the machine's fault: the read fails with one line naming the folder, so the
     task is retried, instead of the tar's remaining samples being dropped as `corrupt_tar`."""
-    from core.spill import SpillError
-    from pipeline.config import SourceConfig
-    from pipeline.sources.partitions import plan_source, read_chunks
-    from pipeline.sources.samples import Reading
+    from mmcurate.core.spill import SpillError
+    from mmcurate.pipeline.config import SourceConfig
+    from mmcurate.pipeline.sources.partitions import plan_source, read_chunks
+    from mmcurate.pipeline.sources.samples import Reading
 
     part = plan_source(SourceConfig(kind="webdataset", path=f"{tar_shards(1, 3)}/*.tar"), {})[0]
     not_a_folder = tmp_path / "spill"

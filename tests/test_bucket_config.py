@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
-from core.config_io import ConfigError
-from pipeline.cli import main
-from pipeline.config import load_build_config
-from stages.registry import build_stage
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.cli import main
+from mmcurate.pipeline.config import load_build_config
+from mmcurate.stages.registry import build_stage
 
 FORMS = 'write each bucket as "WIDTHxHEIGHT" or [WIDTH, HEIGHT], e.g. "1024x768" or [1024, 768]'
 RULE = "(sides are multiples of 8 from 8 to 16384)"

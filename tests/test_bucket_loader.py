@@ -13,12 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from core.config_io import ConfigError, validate
-from trainer.config import DataConfig, TrainConfig
-from trainer.data.bucket_plan import NO_BUCKET, TooFewSamples, plan_epoch
-from trainer.data.buckets import BucketMetadataError, bucketed_loader, loader_from_config
-from trainer.data.manifest import read_manifest
+from mmcurate.core.config_io import ConfigError, validate
+from mmcurate.trainer.config import DataConfig, TrainConfig
+from mmcurate.trainer.data.bucket_plan import NO_BUCKET, TooFewSamples, plan_epoch
+from mmcurate.trainer.data.buckets import BucketMetadataError, bucketed_loader, loader_from_config
+from mmcurate.trainer.data.manifest import read_manifest
 
 BUCKETS = ["64x64", "96x64", "64x96", "128x64", "64x128"]
 # (width, height) of the source images -> how many: buckets of 12, 9, 6, 2 and 1 samples
@@ -29,7 +28,7 @@ BATCH = 4
 
 def photo(name: str, width: int, height: int) -> bytes:
     """A real photo cropped to the aspect ratio and resized to (width, height)."""
-    from pipeline.demo_data import source_photo
+    from mmcurate.pipeline.demo_data import source_photo
 
     image = source_photo(name).convert("RGB")
     side_w, side_h = image.size
@@ -43,8 +42,8 @@ def photo(name: str, width: int, height: int) -> bytes:
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[int, int]]]:
     """(manifest path, original (width, height) of each key) of a real build."""
-    from pipeline.build import run_build
-    from pipeline.config import BuildConfig
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import BuildConfig
 
     root = tmp_path_factory.mktemp("buckets")
     folder = root / "in"

@@ -11,11 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import webdataset as wds
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
 from pyarrow.fs import FSSpecHandler, PyFileSystem
-
-from core.config_io import ConfigError
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
 
 ALL_IMAGE_STAGES = [
     {"name": "decode_image", "resize": {"size": 64, "mode": "center_crop"}},

@@ -4,13 +4,12 @@ shards, signatures rows, embeddings and stats."""
 
 import json
 
+import mmcurate.pipeline.build as build_module
 import numpy as np
 import pyarrow.parquet as pq
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
 from test_dedupe_build import photo_folder
-
-import pipeline.build as build_module
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
 
 STAGES = [
     {"name": "decode_image", "resize": {"size": 64, "mode": "center_crop"}},

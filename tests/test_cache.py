@@ -6,8 +6,7 @@ import multiprocessing
 import os
 
 import pytest
-
-from trainer.data.cache import ShardCache, ShardCorrupt
+from mmcurate.trainer.data.cache import ShardCache, ShardCorrupt
 
 SHARD_BYTES = 200_000
 

@@ -20,17 +20,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.checkpoint import save_checkpoint
+from mmcurate.trainer.cli import main
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data import cache as cache_module
+from mmcurate.trainer.data.cache import ShardCache
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.data.reader import ShardReader
+from mmcurate.trainer.train import train
 
-from core.config_io import ConfigError
 from tests.test_loader import write_uneven_shards
-from trainer.checkpoint import save_checkpoint
-from trainer.cli import main
-from trainer.config import TrainConfig
-from trainer.data import cache as cache_module
-from trainer.data.cache import ShardCache
-from trainer.data.manifest import read_manifest
-from trainer.data.reader import ShardReader
-from trainer.train import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 

@@ -3,10 +3,9 @@ Khmer, Burmese, ...), its blocklist's matching rules (whole words through a set 
 Thai terms as substrings), and lengths in characters measured on the caption as stored."""
 
 import pytest
-
-from core.config_io import ConfigError
-from stages.lib.text_count import tokens, word_count
-from stages.registry import build_stage
+from mmcurate.core.config_io import ConfigError
+from mmcurate.stages.lib.text_count import tokens, word_count
+from mmcurate.stages.registry import build_stage
 
 # One alt-text, "an orange cat lying on a red sofa" (8 words), in each script.
 PARALLEL = {

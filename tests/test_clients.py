@@ -19,16 +19,16 @@ import ray.data
 import torch
 import webdataset as wds
 import wids
+from mmcurate.core.tario import CLEAN_KEY, KEY_MAX_BYTES, iter_tar_samples
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.models import build_model
 from wids.wids_decode import default_decoder
 
-from core.tario import CLEAN_KEY, KEY_MAX_BYTES, iter_tar_samples
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
 from tests.test_keys import jpeg, make_awkward_folder, raw_headers, write_input_tar
-from trainer.config import TrainConfig
-from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-from trainer.data.manifest import read_manifest
-from trainer.models import build_model
 
 TAR_KEYS = [
     "dir.x/k",

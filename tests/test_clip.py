@@ -11,17 +11,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.stages.clip_score import top_fraction_decisions
+from mmcurate.stages.registry import build_stage
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.train import train
 
-from core.config_io import ConfigError
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from stages.clip_score import top_fraction_decisions
-from stages.registry import build_stage
 from tests.shapes import make_shapes, write_folder, write_shards
 from tests.test_config import REPO
 from tests.test_stages import batch_of
-from trainer.config import TrainConfig
-from trainer.train import train
 
 TINY = {"name": "clip_score", "model": "mmcurate-tiny", "pretrained": None, "num_gpus": 0}
 
@@ -172,7 +172,7 @@ def test_unloadable_model_fails_before_reading_data(tmp_path, stage, message):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(config))
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "build", str(path)],
+        [sys.executable, "-m", "mmcurate", "build", str(path)],
         capture_output=True,
         text=True,
         timeout=120,

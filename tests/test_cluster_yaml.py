@@ -7,9 +7,8 @@ from pathlib import Path
 import jsonschema
 import ray
 import yaml
-
-from pipeline.config import load_build_config
-from stages.registry import build_stages
+from mmcurate.pipeline.config import load_build_config
+from mmcurate.stages.registry import build_stages
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "configs" / "cluster.yaml"

@@ -8,12 +8,12 @@ import numpy as np
 import open_clip
 import pytest
 import torch
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.model_configs import register
+from mmcurate.stages.lib.text_prompts import concept_probability
+from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from core.config_io import ConfigError
-from core.model_configs import register
-from stages.lib.text_prompts import concept_probability
-from stages.registry import build_stage
 from tests.shapes import SHAPES, draw
 from tests.test_clip import TINY, roc_auc
 from tests.test_stages import batch_of

@@ -10,23 +10,28 @@ import json
 import uuid
 from pathlib import Path
 
+import mmcurate.pipeline.build as build_module
+import mmcurate.pipeline.output.resume as resume
+import mmcurate.pipeline.phase_c as phase_c_module
 import pytest
-
-import pipeline.build as build_module
-import pipeline.output.resume as resume
-import pipeline.phase_c as phase_c_module
-from core.config_io import ConfigError
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.output.markers import done_parts, done_shards, mark, part_marker, shard_marker
-from pipeline.output.resume import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.output.markers import (
+    done_parts,
+    done_shards,
+    mark,
+    part_marker,
+    shard_marker,
+)
+from mmcurate.pipeline.output.resume import (
     AlreadyBuilt,
     TookOver,
     build_identity,
     claim_output,
     record_files,
 )
-from pipeline.sources.partitions import plan_source
+from mmcurate.pipeline.sources.partitions import plan_source
 
 STAGES = [{"name": "decode_image", "resize": {"size": 32}}, {"name": "exact_dedupe"}]
 TOOK_OVER = "another build took over output.path"

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from core.config_io import ConfigError, parse_override
-from pipeline.config import load_build_config
-from stages.registry import build_stages
+from mmcurate.core.config_io import ConfigError, parse_override
+from mmcurate.pipeline.config import load_build_config
+from mmcurate.stages.registry import build_stages
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "demo.yaml"
@@ -82,7 +81,7 @@ def test_bad_configs_name_the_key(tmp_path, change, message):
 def run_cli(*args, env=None, timeout=10):
     """Bad configs must fail fast: the timeout is the acceptance bound, not a benchmark."""
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
+        [sys.executable, "-m", "mmcurate", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

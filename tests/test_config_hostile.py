@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-
-from core.config_io import ConfigError, load_yaml, parse_override
-from pipeline.cli import main as mmcurate
-from pipeline.config import load_build_config
-from trainer.config import load_train_config
-from trainer.eval import evaluate as eval_module
-from trainer.eval.evaluate import load_eval_config, write_json
+from mmcurate.core.config_io import ConfigError, load_yaml, parse_override
+from mmcurate.pipeline.cli import main as mmcurate
+from mmcurate.pipeline.config import load_build_config
+from mmcurate.trainer.config import load_train_config
+from mmcurate.trainer.eval import evaluate as eval_module
+from mmcurate.trainer.eval.evaluate import load_eval_config, write_json
 
 HUGE = "9" * 400
 

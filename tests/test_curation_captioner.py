@@ -10,17 +10,17 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
-
-from bench.curation_captioner import read_build, tokenizer_for, train_captioner
-from bench.curation_data import PHRASES, caption, draw, random_scene
-from bench.curation_recaption import recaptioned, true_captions
-from stages.lib.captioner import (
+from mmcurate.stages.lib.captioner import (
     Captioner,
     Generation,
     check_captioner,
     image_processor,
     prepare_pixels,
 )
+
+from bench.curation_captioner import read_build, tokenizer_for, train_captioner
+from bench.curation_data import PHRASES, caption, draw, random_scene
+from bench.curation_recaption import recaptioned, true_captions
 
 
 def write_build(folder: Path, rows: list[tuple[str, bytes, str, dict]]) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mmcurate.stages.lib.image_hash import hamming, image_hash
 from PIL import Image
 
 from bench.curation_data import (
@@ -23,7 +24,6 @@ from bench.curation_data import (
     group_phrase,
     make_sets,
 )
-from stages.lib.image_hash import hamming, image_hash
 
 SMALL = Sizes(eval=40, seed=20, raw=400, popular=3)
 

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from pipeline.cli import main
-from pipeline.config import ConfigError, load_build_config
+from mmcurate.pipeline.cli import main
+from mmcurate.pipeline.config import ConfigError, load_build_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,14 +7,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
-from core.atomic import write_parquet
-from core.mapreduce import LocalRunner, RayRunner
-from pipeline.decide.phase_b import decide
-from pipeline.decide.top_fraction import score_codes, threshold_bucket
-from pipeline.output.groups import Groups, plan_groups, read_fate, scan_partitions
-from stages.base import DROP, DROP_STAGE
-from stages.registry import build_stages
+from mmcurate.core.atomic import write_parquet
+from mmcurate.core.mapreduce import LocalRunner, RayRunner
+from mmcurate.pipeline.decide.phase_b import decide
+from mmcurate.pipeline.decide.top_fraction import score_codes, threshold_bucket
+from mmcurate.pipeline.output.groups import Groups, plan_groups, read_fate, scan_partitions
+from mmcurate.stages.base import DROP, DROP_STAGE
+from mmcurate.stages.registry import build_stages
 
 STAGES = [
     {"name": "exact_dedupe"},
@@ -146,7 +145,7 @@ def test_score_codes_keep_order_and_threshold_buckets():
 
 
 def test_first_per_key_keeps_the_first_in_input_order_and_handles_one_row():
-    from stages.lib.decisions import first_per_key
+    from mmcurate.stages.lib.decisions import first_per_key
 
     one = pa.table({"__key__": ["a"], "__part__": [0], "__index__": [0]})
     assert first_per_key([one]).num_rows == 0
@@ -164,7 +163,7 @@ def test_first_per_key_keeps_the_first_in_input_order_and_handles_one_row():
 def test_partition_cap_splits_groups_and_decisions_stay_the_same(tmp_path, monkeypatch):
     """Many small partitions (files_per_task: 1): the partition cap, not the row cap, splits
     the groups, and each group gathers its files in several batches."""
-    import pipeline.output.groups as groups_module
+    import mmcurate.pipeline.output.groups as groups_module
 
     monkeypatch.setattr(groups_module, "PARTS_PER_GROUP", 4)
     monkeypatch.setattr(groups_module, "GATHER_BATCH", 3)
@@ -185,8 +184,8 @@ def test_plan_groups_caps_rows_and_partitions():
 
 def test_gather_group_in_batches_unifies_columns_like_one_concat(tmp_path, monkeypatch):
     """Batches whose files differ in columns and null-typed columns combine as one concat."""
-    import pipeline.output.groups as groups_module
-    from pipeline.output.groups import gather_group
+    import mmcurate.pipeline.output.groups as groups_module
+    from mmcurate.pipeline.output.groups import gather_group
 
     monkeypatch.setattr(groups_module, "GATHER_BATCH", 2)
     work = str(tmp_path / "_work")

@@ -11,10 +11,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from mmcurate.trainer.data.transform import check_image_header, decode_rgb, jpeg_size
 from PIL import Image
 
 from tests.http_corpus import photo_bytes
-from trainer.data.transform import check_image_header, decode_rgb, jpeg_size
 
 PIL_DEFAULT_LIMIT = 1024 * 1024 * 1024 // 4 // 3  # Image.MAX_IMAGE_PIXELS as PIL ships it
 USABLE_ERRORS = (OSError, ValueError, RuntimeError, Image.DecompressionBombError)

@@ -8,10 +8,10 @@ import io
 
 import numpy as np
 import pytest
+from mmcurate.stages.base import DROP
+from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from stages.base import DROP
-from stages.registry import build_stage
 from tests.test_stages import batch_of
 
 

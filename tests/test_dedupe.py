@@ -4,23 +4,23 @@ import io
 import tracemalloc
 from itertools import combinations
 
+import mmcurate.stages.exact_dedupe as exact_module
+import mmcurate.stages.near_dedupe as near_module
 import numpy as np
 import pyarrow as pa
 import pytest
+from mmcurate.core.mapreduce import LocalRunner
+from mmcurate.pipeline.demo_data import source_photo
+from mmcurate.stages.base import DROP
+from mmcurate.stages.lib.dedupe_common import keepers, priority_rank
+from mmcurate.stages.lib.hamming import brute_force_pairs, equal_key_pairs, unique_inverse
+from mmcurate.stages.lib.hamming_plan import band_masks, exact_masks, lsh_recall, plan_tables
+from mmcurate.stages.lib.image_hash import hamming, image_hash
+from mmcurate.stages.lib.semdedup import brute_force_keep, greedy_keep, normalize, reduce_clusters
+from mmcurate.stages.near_dedupe import close_pairs
+from mmcurate.stages.registry import build_stage
 from PIL import Image, ImageEnhance
 
-import stages.exact_dedupe as exact_module
-import stages.near_dedupe as near_module
-from core.mapreduce import LocalRunner
-from pipeline.demo_data import source_photo
-from stages.base import DROP
-from stages.lib.dedupe_common import keepers, priority_rank
-from stages.lib.hamming import brute_force_pairs, equal_key_pairs, unique_inverse
-from stages.lib.hamming_plan import band_masks, exact_masks, lsh_recall, plan_tables
-from stages.lib.image_hash import hamming, image_hash
-from stages.lib.semdedup import brute_force_keep, greedy_keep, normalize, reduce_clusters
-from stages.near_dedupe import close_pairs
-from stages.registry import build_stage
 from tests.test_stages import batch_of
 
 

@@ -4,11 +4,10 @@ import io
 
 import numpy as np
 import pyarrow.parquet as pq
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.demo_data import source_photo
 from PIL import Image
-
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.demo_data import source_photo
 
 
 def save(folder, key: str, image: Image.Image, fmt: str = "JPEG", **opts) -> None:
@@ -85,13 +84,12 @@ def test_semantic_dedupe_in_a_build_drops_identical_embeddings(ray_session, tmp_
 
 
 def test_ray_map_reduce_with_many_partitions_matches_brute_force(ray_session, monkeypatch):
+    import mmcurate.stages.near_dedupe as near_module
     import numpy as np
-
-    import stages.near_dedupe as near_module
-    from core.mapreduce import RayRunner
-    from stages.lib.hamming import brute_force_pairs
-    from stages.lib.hamming_plan import plan_tables
-    from stages.near_dedupe import close_pairs
+    from mmcurate.core.mapreduce import RayRunner
+    from mmcurate.stages.lib.hamming import brute_force_pairs
+    from mmcurate.stages.lib.hamming_plan import plan_tables
+    from mmcurate.stages.near_dedupe import close_pairs
 
     rng = np.random.default_rng(4)
     hashes = rng.integers(0, 2**64 - 1, size=3000, dtype=np.uint64, endpoint=True)
@@ -103,12 +101,11 @@ def test_ray_map_reduce_with_many_partitions_matches_brute_force(ray_session, mo
 
 
 def test_exact_decisions_routed_through_ray_match_in_process(ray_session, monkeypatch):
+    import mmcurate.stages.exact_dedupe as exact_module
     import numpy as np
     import pyarrow as pa
-
-    import stages.exact_dedupe as exact_module
-    from core.mapreduce import RayRunner
-    from stages.registry import build_stage
+    from mmcurate.core.mapreduce import RayRunner
+    from mmcurate.stages.registry import build_stage
 
     rng = np.random.default_rng(6)
     keys = [f"k{i:04d}" for i in rng.permutation(500)]

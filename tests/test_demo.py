@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
+from mmcurate.pipeline.demo import run_demo
 
-from pipeline.demo import run_demo
 from tests.browser import BROKEN_IMAGES, chromium
 
 # Where the test run leaves its screenshot of the demo's report (gitignored).

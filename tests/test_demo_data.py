@@ -9,9 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from PIL import Image
-
-from pipeline.demo_data import (
+from mmcurate.pipeline.demo_data import (
     SUBJECTS,
     SUBJECTS_ZH,
     iter_samples,
@@ -19,6 +17,7 @@ from pipeline.demo_data import (
     make_image_text_pairs,
     write_tar_shards,
 )
+from PIL import Image
 
 IMAGE_EXTS = {".jpg", ".png"}
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mmcurate.pipeline.demo_data import iter_samples, make_demo_images
+from mmcurate.pipeline.video_data import encode_video
 
-from pipeline.demo_data import iter_samples, make_demo_images
-from pipeline.video_data import encode_video
 from tests.http_corpus import Corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ DEMO = "~/.cache/mmcurate/demo"
 
 # Run in this order (later ones use what earlier ones made), each checked by `check` below.
 RUN = [
-    '.venv/bin/python -c "from pathlib import Path; from pipeline.demo_data import '
+    '.venv/bin/python -c "from pathlib import Path; from mmcurate.pipeline.demo_data import '
     "make_demo_images; make_demo_images(Path('~/.cache/mmcurate/demo/images').expanduser())\"",
     ".venv/bin/mmcurate build configs/demo.yaml",
     ".venv/bin/mmcurate build configs/demo.yaml --overwrite",
@@ -66,7 +66,7 @@ RAY_RECIPE = [
     "ray get-auth-token --generate > /dev/null",
     "export RAY_AUTH_MODE=token",
     "ray start --head --dashboard-host=127.0.0.1",
-    "ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m pipeline build "
+    "ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m mmcurate build "
     "configs/demo.yaml",
     "ray stop",
 ]
@@ -89,12 +89,11 @@ ELSEWHERE = {
     ".venv/bin/mmcurate demo --out demo-output": "what `make demo` runs, as written; run above",
     LAION_INGEST: INTERNET,
     f"{LAION_INGEST} --set output.path=laion-256": INTERNET,
-    ".venv/bin/torchrun --nproc-per-node=8 -m trainer configs/train_clip.yaml --set data.manifest="
-    "s3://bucket/laion-256-dedup/manifest.json --set model.name=ViT-B-32 --set data.cache_dir="
-    "/nvme/mmcurate-cache --set data.cache_limit=500GB --set run.output=s3://bucket/runs/b32 "
-    "--set "
-    "run.checkpoint_every=1000 --set run.precision=bf16": "8 GPUs; tests/test_loader.py runs"
-    " torchrun with 2 CPU ranks",
+    ".venv/bin/torchrun --nproc-per-node=8 -m mmcurate.trainer configs/train_clip.yaml "
+    "--set data.manifest=s3://bucket/laion-256-dedup/manifest.json --set model.name=ViT-B-32 "
+    "--set data.cache_dir=/nvme/mmcurate-cache --set data.cache_limit=500GB "
+    "--set run.output=s3://bucket/runs/b32 --set run.checkpoint_every=1000 "
+    "--set run.precision=bf16": "8 GPUs; tests/test_loader.py runs torchrun with 2 CPU ranks",
     ".venv/bin/mmcurate probe configs/train_clip.yaml --set model.name=ViT-B-32 --set "
     "run.precision=bf16 --target-global-batch 4096 --out probe.json": "ViT-B-32's ladder on a"
     " GPU (bench/gpu_check.sh probe); tests/test_probe.py runs mmcurate probe on mmcurate-tiny",
@@ -106,18 +105,18 @@ ELSEWHERE = {
     "ray rsync-down configs/cluster.yaml '~/.ray/auth_token' ~/.ray/auth_token": CLUSTER,
     "ray dashboard configs/cluster.yaml": CLUSTER,
     "RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 --working-dir . -- "
-    "python -m pipeline build configs/laion_cluster.yaml --set "
+    "python -m mmcurate build configs/laion_cluster.yaml --set "
     "'source.path=s3://bucket/laion400m-meta/part-00000-*.parquet' --set "
     "output.path=s3://bucket/laion400m-256/part-00000": CLUSTER
     + "; tests/test_ray_job.py submits a build to a local Ray head",
     "ray down -y configs/cluster.yaml": CLUSTER,
     # docs/sizing.md: the 4-GPU ViT-B/32 run (issue 41)
-    "torchrun --standalone --nproc-per-node=4 --max-restarts=3 -m trainer "
+    "torchrun --standalone --nproc-per-node=4 --max-restarts=3 -m mmcurate.trainer "
     "configs/train_b32_4gpu.yaml --set data.manifest=s3://bucket/laion/manifest.json --set "
     "alerts.webhook=https://hooks.example.com/...": "4 GPUs and a webhook; tests/test_fsdp.py"
     " kills a rank under torchrun --max-restarts with 2 CPU ranks",
-    "ray job submit --working-dir . -- python -m trainer configs/train_b32_4gpu.yaml --set "
-    "launch.mode=ray --set launch.workers=4 --set launch.gpus_per_worker=1 --set "
+    "ray job submit --working-dir . -- python -m mmcurate.trainer configs/train_b32_4gpu.yaml "
+    "--set launch.mode=ray --set launch.workers=4 --set launch.gpus_per_worker=1 --set "
     "launch.cpus_per_worker=10 --set launch.max_failures=3 --set "
     "data.manifest=s3://bucket/laion/manifest.json": "a 4-GPU Ray cluster;"
     " tests/test_ray_restart.py restarts 2 CPU workers under Ray Train, tests/test_fsdp.py"

@@ -2,11 +2,10 @@
 
 from pathlib import Path
 
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.stages.registry import all_stages
+from mmcurate.trainer.config import TrainConfig
 from pydantic import BaseModel
-
-from pipeline.config import BuildConfig
-from stages.registry import all_stages
-from trainer.config import TrainConfig
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

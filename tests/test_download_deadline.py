@@ -17,11 +17,11 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
+from mmcurate.stages.download import Download, DownloadOptions
+from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.http_conn import Connections
+from mmcurate.stages.lib.http_fetch import fetch
 
-from stages.download import Download, DownloadOptions
-from stages.lib.fetch_policy import FetchPolicy
-from stages.lib.http_conn import Connections
-from stages.lib.http_fetch import fetch
 from tests.http_corpus import Served, photo_bytes
 
 TIMEOUT_S = 1.0

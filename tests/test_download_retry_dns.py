@@ -15,12 +15,12 @@ import threading
 import time
 
 import pytest
+from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.http_conn import Connections
+from mmcurate.stages.lib.http_fetch import fetch, retry_after, retry_pause
+from mmcurate.stages.lib.resolver import Resolver
+from mmcurate.stages.lib.url_guard import Failed
 
-from stages.lib.fetch_policy import FetchPolicy
-from stages.lib.http_conn import Connections
-from stages.lib.http_fetch import fetch, retry_after, retry_pause
-from stages.lib.resolver import Resolver
-from stages.lib.url_guard import Failed
 from tests.http_corpus import Corpus, photo_bytes
 
 IMAGE = photo_bytes()

@@ -5,13 +5,12 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.demo_data import BROKEN_KINDS, broken_file, iter_samples, write_tar_shards
-from stages.base import DROP, DROP_STAGE
-from stages.near_dedupe import original_size
-from stages.registry import build_stage
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.demo_data import BROKEN_KINDS, broken_file, iter_samples, write_tar_shards
+from mmcurate.stages.base import DROP, DROP_STAGE
+from mmcurate.stages.near_dedupe import original_size
+from mmcurate.stages.registry import build_stage
 
 TINY = {"model": "mmcurate-tiny", "pretrained": None, "device": "cpu"}
 GLOBAL_STAGES = [
@@ -153,7 +152,7 @@ def test_decide_without_its_column_or_live_rows(stage):
 
 
 def test_bad_json_never_breaks_near_dedupe_or_clip_score():
-    from stages.clip_score import with_score
+    from mmcurate.stages.clip_score import with_score
 
     metas = [None, "{not json", "[1, 2]", '{"original_width": "x", "original_height": 3}']
     metas += ['{"original_width": 1e400, "original_height": 2}', '{"original_width": -4}']

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.eval.data import EvalSource, Fields, ShardRead, make_loader, shard_units
+from mmcurate.trainer.eval.tasks import pair_up
 
 from tests.eval_sets import (
     PHOTOS,
@@ -23,9 +26,6 @@ from tests.eval_sets import (
     tiny_weights,
     write_build,
 )
-from trainer.data.manifest import read_manifest
-from trainer.eval.data import EvalSource, Fields, ShardRead, make_loader, shard_units
-from trainer.eval.tasks import pair_up
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 
@@ -249,7 +249,7 @@ def test_a_corrupt_shard_is_counted_not_fatal(tmp_path, capsys):
 
 
 def test_example_config_validates():
-    from trainer.eval.evaluate import load_eval_config
+    from mmcurate.trainer.eval.evaluate import load_eval_config
 
     cfg = load_eval_config(Path(__file__).resolve().parents[1] / "configs" / "eval.yaml")
     assert cfg.retrieval.recall_at == [1, 5, 10] and cfg.zeroshot is None

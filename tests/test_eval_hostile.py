@@ -17,12 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from PIL import Image
-
-from core.config_io import ConfigError, validate
-from tests.eval_sets import eval_config, photo, run_main, write_build
-from trainer.data.manifest import read_manifest
-from trainer.eval.data import (
+from mmcurate.core.config_io import ConfigError, validate
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.eval.data import (
     EvalSource,
     Fields,
     ShardRead,
@@ -31,8 +28,11 @@ from trainer.eval.data import (
     parse_sample,
     shard_units,
 )
-from trainer.eval.evaluate import check_out, main, write_json
-from trainer.eval.tasks import pair_up
+from mmcurate.trainer.eval.evaluate import check_out, main, write_json
+from mmcurate.trainer.eval.tasks import pair_up
+from PIL import Image
+
+from tests.eval_sets import eval_config, photo, run_main, write_build
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 REPO = Path(__file__).resolve().parents[1]
@@ -64,8 +64,8 @@ def broken_png() -> bytes:
 
 
 def test_trainer_decode_errors_cover_the_stages_list():
-    from stages.lib.pixels import DECODE_ERRORS as STAGES
-    from trainer.data.transform import DECODE_ERRORS
+    from mmcurate.stages.lib.pixels import DECODE_ERRORS as STAGES
+    from mmcurate.trainer.data.transform import DECODE_ERRORS
 
     assert set(STAGES) <= set(DECODE_ERRORS) and RuntimeError in DECODE_ERRORS
 
@@ -87,11 +87,11 @@ def test_a_syntax_error_image_is_a_decode_error_in_eval(tmp_path, capsys):
 
 
 def test_a_syntax_error_image_is_replaced_in_training(tmp_path):
-    from trainer.config import TrainConfig
-    from trainer.data.dataset import ImageTransform, ShardDataset
-    from trainer.data.dataset import make_loader as train_loader
-    from trainer.data.transform import decode_or_none
-    from trainer.models import build_model
+    from mmcurate.trainer.config import TrainConfig
+    from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset
+    from mmcurate.trainer.data.dataset import make_loader as train_loader
+    from mmcurate.trainer.data.transform import decode_or_none
+    from mmcurate.trainer.models import build_model
 
     samples = [{"key": f"t{i}", "image": photo(i), "txt": f"cap {i}"} for i in range(7)]
     samples.append({"key": "bad", "image": broken_png(), "ext": "png", "txt": "bad"})
@@ -170,7 +170,7 @@ def test_unreadable_checkpoints_are_one_line(tmp_path, capsys):
     "ladder", [[4, 1180591620717411303424], [4611686018427387904], [2**24 + 1]]
 )
 def test_a_ladder_past_the_bound_is_one_line(ladder):
-    from trainer.config import TrainConfig
+    from mmcurate.trainer.config import TrainConfig
 
     tree = {"data": {"manifest": "m"}, "run": {"output": "o"}, "probe": {"batch_sizes": ladder}}
     with pytest.raises(ConfigError) as err:
@@ -181,7 +181,7 @@ def test_a_ladder_past_the_bound_is_one_line(ladder):
 def test_a_rung_whose_batch_cannot_be_made_ends_the_ladder_as_oom():
     """Sizes torch cannot even allocate (an int64 overflow, a storage-size overflow): that
     rung fails like one out of memory, the ladder ends, nothing raises."""
-    from trainer.probe.ladder import climb
+    from mmcurate.trainer.probe.ladder import climb
 
     parts = SimpleNamespace(
         device=torch.device("cpu"),
@@ -199,16 +199,16 @@ def test_a_rung_whose_batch_cannot_be_made_ends_the_ladder_as_oom():
 
 
 def test_a_failing_probe_is_one_line(tmp_path, capsys, monkeypatch):
-    import trainer.probe.run
+    import mmcurate.trainer.probe.run as probe_run
 
     def fail(cfg):
         raise RuntimeError("probe: the ladder failed:\nTraceback (most recent call last):\n  x")
 
-    monkeypatch.setattr(trainer.probe.run, "read_sources", lambda cfg: None)
-    monkeypatch.setattr(trainer.probe.run, "probe", fail)
+    monkeypatch.setattr(probe_run, "read_sources", lambda cfg: None)
+    monkeypatch.setattr(probe_run, "probe", fail)
     config = tmp_path / "train.yaml"
     config.write_text(json.dumps({"data": {"manifest": "m.json"}, "run": {"output": "o"}}))
-    assert trainer.probe.run.main([str(config)]) == 1
+    assert probe_run.main([str(config)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: probe: the ladder failed")
 
@@ -341,9 +341,9 @@ def test_zeroshot_labels_as_written_by_hand(label, expected):
 def test_the_curation_recipe_commands_validate():
     """Each mmcurate command of docs/recipes.md's curation recipe loads its config with its
     `--set`s (`my-clip.yaml` is the copy of configs/curation/clip.yaml it asks for)."""
-    from pipeline.config import load_build_config
-    from trainer.config import load_train_config
-    from trainer.eval.evaluate import load_eval_config
+    from mmcurate.pipeline.config import load_build_config
+    from mmcurate.trainer.config import load_train_config
+    from mmcurate.trainer.eval.evaluate import load_eval_config
 
     text = (REPO / "docs" / "recipes.md").read_text()
     section = text.split("## Pick a CLIP-score threshold")[1].split("\n## ")[0]

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from trainer.eval import metrics as eval_metrics
-from trainer.eval.metrics import (
+from mmcurate.trainer.eval import metrics as eval_metrics
+from mmcurate.trainer.eval.metrics import (
     ranks,
     retrieval_from_features,
     retrieval_metrics,

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from mmcurate.core.model_configs import MODEL_CONFIG_DIR
+from mmcurate.trainer.eval.evaluate import main
 
-from core.model_configs import MODEL_CONFIG_DIR
 from tests.eval_sets import (
     PHOTOS,
     class_folder,
@@ -23,7 +24,6 @@ from tests.eval_sets import (
     tiny_weights,
     write_build,
 )
-from trainer.eval.evaluate import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,8 +37,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on o
 @pytest.fixture(scope="module")
 def train_run(tmp_path_factory) -> Path:
     """A real short `mmcurate train` run (CPU, in-process loader) on a hand-written build."""
-    from trainer.config import TrainConfig
-    from trainer.train import train
+    from mmcurate.trainer.config import TrainConfig
+    from mmcurate.trainer.train import train
 
     root = tmp_path_factory.mktemp("train")
     samples = [{"key": f"t{i}", "image": photo(i), "txt": PHOTOS[i].caption} for i in range(16)]
@@ -89,7 +89,7 @@ def plain_open_clip_features(tmp_path: Path, weights: Path, inputs: dict) -> dic
 
 
 def eval_features(checkpoint: str, inputs: dict) -> dict:
-    from trainer.models import Weights, load_eval_model
+    from mmcurate.trainer.models import Weights, load_eval_model
 
     model, _, _, info = load_eval_model(
         "mmcurate-tiny", Weights("file", checkpoint), torch.device("cpu")
@@ -129,8 +129,8 @@ def test_exported_train_checkpoint_loads_in_plain_open_clip(train_run, tmp_path,
 def test_siglip_checkpoint_exports_without_its_bias(tmp_path, capsys):
     """Trained with `loss: siglip` on a CLIP architecture, the model has a logit_bias that the
     architecture's plain open_clip model lacks: the export keeps it beside the state dict."""
-    from trainer.config import TrainConfig
-    from trainer.train import Dist, LoopState, build_parts, save_state
+    from mmcurate.trainer.config import TrainConfig
+    from mmcurate.trainer.train import Dist, LoopState, build_parts, save_state
 
     cfg = TrainConfig.model_validate(
         {
@@ -181,8 +181,8 @@ def test_a_checkpoint_of_another_architecture_is_refused(train_run, tmp_path, ca
 def test_end_to_end_on_a_build(ray_session, image_folder, train_run, tmp_path):
     """A build of an image folder, a train run's folder as the weights, and class folders;
     the real command with loader workers and the shard cache."""
-    from pipeline.build import run_build
-    from pipeline.config import BuildConfig
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import BuildConfig
 
     build = BuildConfig.model_validate(
         {
@@ -200,7 +200,7 @@ def test_end_to_end_on_a_build(ray_session, image_folder, train_run, tmp_path):
         data={"batch_size": 8, "workers": 2, "cache_dir": str(tmp_path / "cache")},
     )
     out = tmp_path / "result.json"
-    command = [sys.executable, "-m", "trainer.eval", str(config), "--out", str(out)]
+    command = [sys.executable, "-m", "mmcurate.trainer.eval", str(config), "--out", str(out)]
     command += ["--set", f"model.pretrained={train_run}"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

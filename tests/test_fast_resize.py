@@ -8,12 +8,11 @@ import threading
 
 import numpy as np
 import pytest
+from mmcurate.pipeline.demo_data import SUBJECTS, source_photo
+from mmcurate.stages.decode_image import DecodeImage, DecodeImageOptions
+from mmcurate.stages.lib import fast_resize
+from mmcurate.stages.lib.fast_resize import FAST_FILTERS, shrink
 from PIL import Image, ImageDraw
-
-from pipeline.demo_data import SUBJECTS, source_photo
-from stages.decode_image import DecodeImage, DecodeImageOptions
-from stages.lib import fast_resize
-from stages.lib.fast_resize import FAST_FILTERS, shrink
 
 PHOTOS = [source_photo(name).convert("RGB") for name in list(SUBJECTS)[:4]]
 # Sizes a 256-px resize meets after libjpeg's draft (factors 1-2), a large factor, and slivers.

@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import yaml
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
 
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
 from tests.http_corpus import Corpus, photo_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_killed_driver_resumes_without_redoing_work(ray_session, slow_urls, tmp_
     config.write_text(yaml.safe_dump(tree(slow_urls, out)))
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     driver = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"],
+        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
         cwd=REPO,
         env=env,
         start_new_session=True,
@@ -134,7 +134,7 @@ def test_different_config_on_unfinished_output_is_refused(tmp_path, image_folder
     (out / "_work").mkdir(parents=True)
     marker = json.dumps({"tool": "mmcurate", "build_id": "f" * 64, "files": []})
     (out / "_work" / "build.json").write_text(marker)
-    from core.config_io import ConfigError
+    from mmcurate.core.config_io import ConfigError
 
     with pytest.raises(ConfigError, match="unfinished build of another config"):
         run_build(BuildConfig.model_validate(base), False)  # refused before Ray starts
@@ -143,7 +143,7 @@ def test_different_config_on_unfinished_output_is_refused(tmp_path, image_folder
 
 @pytest.mark.slow
 def test_object_store_restart_mid_build(ray_session, slow_urls, tmp_path):
-    from pipeline.runtime.objectstore import LocalS3
+    from mmcurate.pipeline.runtime.objectstore import LocalS3
 
     clean = run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "clean")), False)
     with LocalS3(tmp_path / "s3") as store:
@@ -250,7 +250,7 @@ def test_node_removed_mid_build(ray_session, slow_urls, tmp_path):
         config = tmp_path / "build.yaml"
         config.write_text(yaml.safe_dump(tree(slow_urls, tmp_path / "out")))
         driver = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"],
+            [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
             cwd=REPO,
             env={**env, "RAY_ADDRESS": gcs},
             stdout=subprocess.DEVNULL,

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from core.formats import MANIFEST_FORMAT
-from core.manifest import SHARD_FIELDS, ManifestError, manifest_document, parse_manifest
+from mmcurate.core.formats import MANIFEST_FORMAT
+from mmcurate.core.manifest import SHARD_FIELDS, ManifestError, manifest_document, parse_manifest
 
 ENTRIES = [
     {"name": "shard-000000.tar", "samples": 3, "bytes": 3072, "sha256": "a" * 64},

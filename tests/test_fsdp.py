@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mmcurate.trainer.health.checks import FAULTS_ENV
 
 from tests.test_alerts import Webhook
 from tests.test_loader import REPO, logged_steps, write_uneven_shards
-from trainer.health.checks import FAULTS_ENV
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -45,7 +45,7 @@ def torchrun(config: Path, ranks: int = 2, restarts: int = 0, faults: dict | Non
         "--standalone",
         f"--nproc-per-node={ranks}",
     ]
-    cmd += [f"--max-restarts={restarts}", "-m", "trainer", str(config)]
+    cmd += [f"--max-restarts={restarts}", "-m", "mmcurate.trainer", str(config)]
     # The timeout only guards against a hang: on a loaded 2-core machine one try of the
     # restart test (two attempts of torchrun) took over 300 s.
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200, cwd=REPO)
@@ -67,7 +67,7 @@ def losses(output: Path) -> list[float]:
 def test_fsdp_ddp_and_zero_give_the_same_loss_curve(manifest, tmp_path):
     """ddp, fsdp and ddp with optim.zero (ZeroRedundancyOptimizer): the same losses; zero's
     checkpoint holds the whole optimizer state (gathered from the ranks), equal to ddp's."""
-    from trainer.checkpoint import load_checkpoint
+    from mmcurate.trainer.checkpoint import load_checkpoint
 
     ddp = run(tmp_path, "ddp", tree(manifest, tmp_path / "ddp", "ddp", max_steps=5))
     fsdp = run(tmp_path, "fsdp", tree(manifest, tmp_path / "fsdp", "fsdp", max_steps=5))
@@ -93,10 +93,9 @@ def test_an_fsdp_checkpoint_loads_in_open_clip_and_resumes_on_one_rank(manifest,
     rank for epoch 2: every sample of epoch 2 trained on exactly once, Adam's state going on."""
     import open_clip
     import torch
-
-    from trainer.checkpoint import load_checkpoint
-    from trainer.config import TrainConfig
-    from trainer.train import train
+    from mmcurate.trainer.checkpoint import load_checkpoint
+    from mmcurate.trainer.config import TrainConfig
+    from mmcurate.trainer.train import train
 
     body = tree(manifest, tmp_path / "run", "fsdp", epochs=1)
     output = run(tmp_path, "fsdp", body)  # 80 samples / (2 ranks x 8) = 5 steps
@@ -151,7 +150,7 @@ def test_a_killed_rank_restarts_the_job_from_its_last_checkpoint(manifest, tmp_p
 def test_a_save_killed_midway_is_swept_and_a_live_one_kept(tmp_path):
     """torchrun SIGTERMs rank 0 mid-save when another rank dies: its temporary stays. The
     next start removes it once its writer is gone and it is untouched for 5 minutes."""
-    from trainer.checkpoint import sweep_partial_saves
+    from mmcurate.trainer.checkpoint import sweep_partial_saves
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -176,7 +175,7 @@ def test_a_save_killed_midway_is_swept_and_a_live_one_kept(tmp_path):
 
 
 def test_the_4gpu_config_is_the_run_users_describe():
-    from trainer.config import load_train_config
+    from mmcurate.trainer.config import load_train_config
 
     cfg = load_train_config(REPO / "configs" / "train_b32_4gpu.yaml")
     assert (cfg.model.name, cfg.strategy, cfg.run.precision) == ("ViT-B-32", "fsdp", "bf16")
@@ -187,8 +186,8 @@ def test_the_4gpu_config_is_the_run_users_describe():
 
 def test_gradient_checkpointing_trains_the_same_steps(manifest, tmp_path):
     """model.gradient_checkpointing recomputes activations in backward: same losses."""
-    from trainer.config import TrainConfig
-    from trainer.train import train
+    from mmcurate.trainer.config import TrainConfig
+    from mmcurate.trainer.train import train
 
     curves = []
     for flag in (False, True):

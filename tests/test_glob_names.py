@@ -9,11 +9,11 @@ import json
 import tarfile
 
 import pytest
+from mmcurate.pipeline.config import SourceConfig, overlaps
+from mmcurate.pipeline.sources.partitions import plan_source, read_partition
+from mmcurate.stages.base import DROP
 from PIL import Image
 
-from pipeline.config import SourceConfig, overlaps
-from pipeline.sources.partitions import plan_source, read_partition
-from stages.base import DROP
 from tests.test_sources import rows
 
 NAMES = ["plain", "q[1]", "a?b", "star*", "[x]"]

@@ -3,13 +3,12 @@ exact recall formula, and pairs identical however the tables are split (no Ray h
 
 from itertools import combinations
 
+import mmcurate.stages.near_dedupe as near_module
 import numpy as np
 import pytest
-
-import stages.near_dedupe as near_module
-from core.mapreduce import LocalRunner
-from stages.lib.hamming import brute_force_pairs, expand_pairs, unique_inverse
-from stages.lib.hamming_lsh import (
+from mmcurate.core.mapreduce import LocalRunner
+from mmcurate.stages.lib.hamming import brute_force_pairs, expand_pairs, unique_inverse
+from mmcurate.stages.lib.hamming_lsh import (
     even_rotations,
     group_recall,
     permute,
@@ -19,8 +18,8 @@ from stages.lib.hamming_lsh import (
     window,
     window_mask,
 )
-from stages.lib.hamming_plan import lsh_recall, plan_tables
-from stages.near_dedupe import close_pairs, near_groups
+from mmcurate.stages.lib.hamming_plan import lsh_recall, plan_tables
+from mmcurate.stages.near_dedupe import close_pairs, near_groups
 
 
 def random_hashes(n: int, seed: int) -> np.ndarray:

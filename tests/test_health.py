@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mmcurate.core.config_io import ConfigError, validate
+from mmcurate.trainer.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint
+from mmcurate.trainer.cli import main
+from mmcurate.trainer.config import HealthConfig, TrainConfig
+from mmcurate.trainer.health.checks import FAULTS_ENV, LossWatch
+from mmcurate.trainer.train import train
 
-from core.config_io import ConfigError, validate
 from tests.test_alerts import FIELDS, Webhook
 from tests.test_loader import REPO, logged_steps, printed_summaries, write_uneven_shards
-from trainer.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint
-from trainer.cli import main
-from trainer.config import HealthConfig, TrainConfig
-from trainer.health.checks import FAULTS_ENV, LossWatch
-from trainer.train import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -168,7 +168,7 @@ def test_a_spike_warmup_longer_than_the_window_is_one_line():
 def run_torchrun(config: Path, faults: str) -> subprocess.CompletedProcess:
     env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    cmd += ["-m", "trainer", str(config)]
+    cmd += ["-m", "mmcurate.trainer", str(config)]
     env[FAULTS_ENV] = faults
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
 

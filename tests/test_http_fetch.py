@@ -1,10 +1,10 @@
 """The fetcher on its own: sniffing, robots opt-outs, the address guard, retries."""
 
 import pytest
+from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.http_conn import Connections
+from mmcurate.stages.lib.http_fetch import Failed, check_url, fetch, robots_optout, sniff
 
-from stages.lib.fetch_policy import FetchPolicy
-from stages.lib.http_conn import Connections
-from stages.lib.http_fetch import Failed, check_url, fetch, robots_optout, sniff
 from tests.http_corpus import Corpus, photo_bytes
 
 
@@ -94,8 +94,8 @@ def test_connections_dial_only_the_vetted_addresses(corpus):
     """After the guard vets a host's addresses, the socket goes to those and nowhere else:
     `pinned.invalid` never resolves, yet the request reaches the loopback server, with the
     URL's host in the Host header (so a second DNS answer could not redirect it)."""
-    from stages.lib.http_fetch import exchange
-    from stages.lib.url_guard import parse_url
+    from mmcurate.stages.lib.http_fetch import exchange
+    from mmcurate.stages.lib.url_guard import parse_url
 
     corpus.serve("/img/good", photo_bytes())
     target = parse_url(f"http://pinned.invalid:{corpus.server_address[1]}/img/good")

@@ -10,15 +10,15 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.stages.base import DROP
+from mmcurate.stages.lib.clip_model import prepare_images
+from mmcurate.stages.lib.image_hash import image_hash
+from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from core.config_io import ConfigError
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from stages.base import DROP
-from stages.lib.clip_model import prepare_images
-from stages.lib.image_hash import image_hash
-from stages.registry import build_stage
 from tests.test_stages import batch_of, decoded
 
 
@@ -177,7 +177,7 @@ def test_an_output_longer_than_webp_can_hold_is_too_big():
 def test_the_report_does_not_decode_a_picture_too_large_to_show():
     """Bug: report.html decoded in the driver the very images decode_image had dropped as too
     large (a 13,000 x 13,000 PNG of 194 KB took the driver to 931 MB)."""
-    from pipeline.report.page import THUMB_MAX_PIXELS, thumb
+    from mmcurate.pipeline.report.page import THUMB_MAX_PIXELS, thumb
 
     big = io.BytesIO()
     Image.new("L", (5001, 5000)).save(big, "PNG")
@@ -196,7 +196,7 @@ def test_upload_temporaries_of_killed_processes_are_swept(tmp_path, monkeypatch)
     import subprocess
     import tempfile
 
-    from core import atomic as storage
+    from mmcurate.core import atomic as storage
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(storage, "_SWEPT", [])
@@ -222,9 +222,8 @@ def test_upload_temporaries_of_killed_processes_are_swept(tmp_path, monkeypatch)
 def test_every_orientation_of_every_format_comes_out_as_a_viewer_shows_it(fmt, orientation):
     """Bug: Pillow turns a TIFF upright as it loads it; `upright` read the tag of the unloaded
     TIFF and turned it a second time (landscape for 6 and 8, mirrored for 2, 4, 5, 7)."""
+    from mmcurate.stages.lib.pixels import upright
     from PIL import ImageOps
-
-    from stages.lib.pixels import upright
 
     pixels = np.zeros((24, 40, 3), np.uint8)
     pixels[:12, :10] = 255  # a white block in one corner shows any turn or mirror

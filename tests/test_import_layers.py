@@ -54,10 +54,10 @@ def imported_names(node: ast.AST, module: str, is_package: bool) -> list[str]:
     """Dotted names one import statement loads; `from a import b` gives `a.b` (a module, or
     a name in `a`, which resolve() turns back into `a`)."""
     if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
+        return [alias.name.removeprefix("mmcurate.") for alias in node.names]
     if not isinstance(node, ast.ImportFrom):
         return []
-    base = node.module or ""
+    base = (node.module or "").removeprefix("mmcurate.")
     if node.level:
         anchor = module.split(".") if is_package else module.split(".")[:-1]
         anchor = anchor[: len(anchor) - (node.level - 1)]

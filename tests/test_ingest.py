@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
 
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
 from tests.http_corpus import Corpus, animated_gif, bomb_png, photo_bytes, png16
 
 GOOD = "a photo of an astronaut in a suit"

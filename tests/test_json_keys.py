@@ -8,13 +8,12 @@ import json
 import os
 
 import pytest
+from mmcurate.core.tario import iter_tar_samples
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.output.hf_features import webdataset_features
+from mmcurate.pipeline.output.json_fill import apply_fill, filled_json, slice_pieces
 from PIL import Image
-
-from core.tario import iter_tar_samples
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.output.hf_features import webdataset_features
-from pipeline.output.json_fill import apply_fill, filled_json, slice_pieces
 
 
 def jpeg(colour: tuple[int, int, int]) -> bytes:

@@ -10,10 +10,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from PIL import Image
-
-from core.formats import MEMBER_COLUMNS
-from core.tario import (
+from mmcurate.core.formats import MEMBER_COLUMNS
+from mmcurate.core.tario import (
     CLEAN_KEY,
     CLIP_SUFFIX,
     KEY_MAX_BYTES,
@@ -23,11 +21,12 @@ from core.tario import (
     split_member_name,
     write_tar,
 )
-from pipeline.config import SourceConfig
-from pipeline.sources.partitions import plan_source, read_partition
-from stages.base import DROP
-from stages.decode_image import merge_json
-from stages.video_frames import merge_meta
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.partitions import plan_source, read_partition
+from mmcurate.stages.base import DROP
+from mmcurate.stages.decode_image import merge_json
+from mmcurate.stages.video_frames import merge_meta
+from PIL import Image
 
 AWKWARD = [
     "plain",

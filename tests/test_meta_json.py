@@ -9,12 +9,12 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mmcurate.core.formats import meta_json
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.partitions import plan_source, read_partition
+from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from core.formats import meta_json
-from pipeline.config import SourceConfig
-from pipeline.sources.partitions import plan_source, read_partition
-from stages.registry import build_stage
 from tests.test_sources import rows
 
 

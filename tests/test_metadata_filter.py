@@ -7,11 +7,10 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from core.config_io import ConfigError
-from pipeline.sources.urls import read_urls
-from stages.metadata_filter import parse_condition
-from stages.registry import build_stage
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.sources.urls import read_urls
+from mmcurate.stages.metadata_filter import parse_condition
+from mmcurate.stages.registry import build_stage
 
 LAION_ROWS = [
     # URL, TEXT, punsafe, pwatermark, similarity, expected drop reason

@@ -43,11 +43,11 @@ def model_stages(tmp_path: Path) -> list[dict]:
 
 
 def run_build_process(config: Path, tmp: Path) -> subprocess.CompletedProcess:
-    """`python -m pipeline build` in its own session, killed as a group past the limit."""
+    """`python -m mmcurate build` in its own session, killed as a group past the limit."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
     env["TMPDIR"] = str(tmp)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"],
+        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
         cwd=REPO,
         env=env,
         start_new_session=True,
@@ -90,7 +90,7 @@ def test_every_model_stage_finishes_on_the_default_local_runtime(tmp_path):
 
 POOL_CHILD = """
 import os, sys, torch
-from pipeline.runtime.localpool import LocalPool
+from mmcurate.pipeline.runtime.localpool import LocalPool
 from tests.test_model_stage_pool import matmul_threads
 pool = LocalPool(2, start=1)  # the zygote forks now, before torch has run
 torch.set_num_threads(2)

@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mmcurate.core.config_io import ConfigError
+from mmcurate.stages.registry import build_stage
+from mmcurate.trainer.config import ModelConfig, TrainConfig
+from mmcurate.trainer.models import build_model, load_eval_model, resolve_weights
+from mmcurate.trainer.train import train
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
-from core.config_io import ConfigError
-from stages.registry import build_stage
 from tests.shapes import make_shapes, write_shards
 from tests.test_language import labelled
 from tests.test_stages import batch_of
-from trainer.config import ModelConfig, TrainConfig
-from trainer.models import build_model, load_eval_model, resolve_weights
-from trainer.train import train
 
 
 def tiny_tokenizer(folder: Path) -> PreTrainedTokenizerFast:

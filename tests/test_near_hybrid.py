@@ -4,18 +4,17 @@ were partitioned or ordered (no Ray here)."""
 
 import io
 
+import mmcurate.stages.near_dedupe as near_module
 import numpy as np
 import pyarrow as pa
 import pytest
+from mmcurate.pipeline.demo_data import source_photo
+from mmcurate.stages.base import DROP
+from mmcurate.stages.lib.dedupe_common import star_keepers
+from mmcurate.stages.lib.image_hash import hamming
+from mmcurate.stages.lib.thumb_match import mismatch, thumbnails
+from mmcurate.stages.registry import build_stage
 from PIL import Image, ImageEnhance
-
-import stages.near_dedupe as near_module
-from pipeline.demo_data import source_photo
-from stages.base import DROP
-from stages.lib.dedupe_common import star_keepers
-from stages.lib.image_hash import hamming
-from stages.lib.thumb_match import mismatch, thumbnails
-from stages.registry import build_stage
 
 
 def jpeg(image: Image.Image, quality: int = 92) -> bytes:

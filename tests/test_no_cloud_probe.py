@@ -17,8 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from pipeline.runtime.loopback import loopback_only_env
+from mmcurate.pipeline.runtime.loopback import loopback_only_env
 
 # The traced program: a head node with its own ports (a session Ray may be running), a driver
 # that runs one task, and a wait until the dashboard's usage-stats module has finished its

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import fsspec
 import pytest
-
-from pipeline.runtime.loopback import LOOPBACK_PROXY
-from pipeline.runtime.objectstore import LocalS3, ObjectStoreError
-from pipeline.runtime.objectstore_probe import disk_too_full, probe_filesystem
+from mmcurate.pipeline.runtime.loopback import LOOPBACK_PROXY
+from mmcurate.pipeline.runtime.objectstore import LocalS3, ObjectStoreError
+from mmcurate.pipeline.runtime.objectstore_probe import disk_too_full, probe_filesystem
 
 
 def _pid_alive(pid: int) -> bool:
@@ -117,7 +116,9 @@ def test_a_disk_too_full_for_seaweedfs_fails_the_start_at_once(tmp_path, monkeyp
     hang every PUT: the start refuses in one line instead, before launching anything."""
     assert disk_too_full(tmp_path, fraction=0.0) is None
     assert f"{tmp_path} has" in disk_too_full(tmp_path, fraction=1.0)
-    monkeypatch.setattr("pipeline.runtime.objectstore_probe.MIN_FREE_FRACTION", 1.0)  # any disk
+    monkeypatch.setattr(
+        "mmcurate.pipeline.runtime.objectstore_probe.MIN_FREE_FRACTION", 1.0
+    )  # any disk
     server = LocalS3(tmp_path / "store")
     with pytest.raises(ObjectStoreError, match=r"needs 100\.0% of the disk free.*GiB free"):
         server.start()

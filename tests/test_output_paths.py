@@ -12,11 +12,11 @@
 """
 
 import pytest
+from mmcurate.core.config_io import ConfigError, validate
+from mmcurate.core.storage import files_in
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
 
-from core.config_io import ConfigError, validate
-from core.storage import files_in
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
 from tests.test_output_safety import config
 
 

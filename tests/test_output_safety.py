@@ -10,16 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mmcurate.pipeline.phase_c as phase_c_module
 import pytest
 import yaml
-
-import pipeline.phase_c as phase_c_module
-from core.config_io import ConfigError, validate
-from pipeline.build import run_build
-from pipeline.config import BuildConfig, overlaps
-from pipeline.demo_data import write_tar_shards
-from pipeline.output.publish import manifest_files, safe_recorded
-from pipeline.output.resume import claim_output
+from mmcurate.core.config_io import ConfigError, validate
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig, overlaps
+from mmcurate.pipeline.demo_data import write_tar_shards
+from mmcurate.pipeline.output.publish import manifest_files, safe_recorded
+from mmcurate.pipeline.output.resume import claim_output
 
 REPO = Path(__file__).resolve().parents[1]
 FOREIGN = "no mmcurate build wrote"
@@ -206,7 +205,7 @@ def test_output_path_that_is_a_file_is_refused(tmp_path, image_folder):
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "pipeline", "build", *args]
+    cmd = [sys.executable, "-m", "mmcurate", "build", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 

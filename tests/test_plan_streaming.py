@@ -12,14 +12,13 @@ import json
 
 import fsspec
 import pytest
-
-from pipeline.config import SourceConfig
-from pipeline.sources import infer as source_infer
-from pipeline.sources import infer_json
-from pipeline.sources import ranges as source_ranges
-from pipeline.sources.csv_lists import BAD_ROW
-from pipeline.sources.ranges import json_rows, unpack_schema
-from pipeline.sources.urls import list_shape, needed_columns, plan_urls, read_table
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources import infer as source_infer
+from mmcurate.pipeline.sources import infer_json
+from mmcurate.pipeline.sources import ranges as source_ranges
+from mmcurate.pipeline.sources.csv_lists import BAD_ROW
+from mmcurate.pipeline.sources.ranges import json_rows, unpack_schema
+from mmcurate.pipeline.sources.urls import list_shape, needed_columns, plan_urls, read_table
 
 FS = fsspec.filesystem("file")
 ROWS = 40

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mmcurate.core.config_io import ConfigError, validate
+from mmcurate.pipeline.cli import main
+from mmcurate.trainer.config import ProbeConfig, TrainConfig
+from mmcurate.trainer.probe.sizing import recommend, step_time
 
-from core.config_io import ConfigError, validate
-from pipeline.cli import main
 from tests.test_loader import write_uneven_shards
-from trainer.config import ProbeConfig, TrainConfig
-from trainer.probe.sizing import recommend, step_time
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mmcurate.core.progress import UNITS, Meter, channel, report
+from mmcurate.pipeline.config import RayConfig
+from mmcurate.pipeline.runtime import session
+from mmcurate.pipeline.video_data import encode_video
+from mmcurate.stages.lib.isolation import Isolated
+from mmcurate.stages.lib.video_decode import sample_video
 from tqdm import tqdm
-
-from core.progress import UNITS, Meter, channel, report
-from pipeline.config import RayConfig
-from pipeline.runtime import session
-from pipeline.video_data import encode_video
-from stages.lib.isolation import Isolated
-from stages.lib.video_decode import sample_video
 
 REPO = Path(__file__).resolve().parents[1]
 FRAMES = {"mode": "uniform", "num_frames": 4, "fps": 1.0, "size": 32, "crop": True, "quality": 80}
@@ -67,7 +66,7 @@ class Collected:
 def test_seconds_decoded_in_the_isolated_decoder_reach_the_calling_process():
     """video_frames decodes in a child process: what it reports there comes back over its
     pipe, into the caller's channel (two videos of 2 s and 3 s: 5 s)."""
-    decoder, got = Isolated(preload=("stages.lib.video_decode",)), Collected()
+    decoder, got = Isolated(preload=("mmcurate.stages.lib.video_decode",)), Collected()
     try:
         with channel(got):
             for frames in (48, 72):
@@ -153,7 +152,7 @@ def video_build(tmp_path: Path, name: str) -> Path:
 
 def build(config: Path, *flags: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-    command = [sys.executable, "-m", "pipeline", "build", str(config), *flags]
+    command = [sys.executable, "-m", "mmcurate", "build", str(config), *flags]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
 
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.request
@@ -41,10 +42,27 @@ def wait_for_dashboard(url: str, token: str, head: subprocess.Popen, timeout_s=1
     raise TimeoutError("ray dashboard did not come up")
 
 
+def bare_python(folder: Path) -> Path:
+    """A venv whose Python sees this one's packages (Ray, torch, ...) but not mmcurate: a
+    `.pth` line adds the site-packages folder, and .pth files inside it (the editable install's
+    finder) are not run from there. A cluster's nodes that have only the dependencies."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    site = next((folder / "lib").glob("python3*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = folder / "bin" / "python"
+    probe = subprocess.run(
+        [str(python), "-c", "import ray, mmcurate"], cwd="/", capture_output=True
+    )
+    assert b"No module named 'mmcurate'" in probe.stderr  # Ray imports, mmcurate does not
+    return python
+
+
 @pytest.fixture
 def ray_head(tmp_path, s3):
     """A `ray start --head --block` child with token auth, its workers given the session S3's
-    endpoint and keys (as a cluster's nodes have theirs); stopped by its pid."""
+    endpoint and keys (as a cluster's nodes have theirs); stopped by its pid. Its Python has
+    the dependencies but not mmcurate: jobs run it from their working directory alone."""
+    python = bare_python(tmp_path / "bare-venv")
     token = secrets.token_hex(32)
     (tmp_path / "home").mkdir()
     env = {
@@ -54,13 +72,13 @@ def ray_head(tmp_path, s3):
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": token,
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2",  # the stopped head goes (default: 30 s)
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "PATH": f"{python.parent}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
     }
     env.pop("RAY_ADDRESS", None)
     temp_dir = tempfile.mkdtemp(prefix="rayjob-", dir="/tmp")  # short: unix socket paths
     dash = free_port()
     cmd = [
-        str(BIN / "ray"),
+        *(str(python), "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"),
         "start",
         "--head",
         "--block",
@@ -125,7 +143,7 @@ def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp
         env,
         "python",
         "-m",
-        "pipeline",
+        "mmcurate",
         "build",
         "configs/demo.yaml",
         f"--set=source.path={images}",
@@ -148,7 +166,7 @@ def test_ray_job_submit_with_token_auth(ray_session, ray_head, image_folder, tmp
     trained = submit(
         url,
         env,
-        *("python", "-m", "trainer", "configs/train_clip.yaml"),
+        *("python", "-m", "mmcurate.trainer", "configs/train_clip.yaml"),
         *(f"--set=data.manifest={out / 'manifest.json'}", f"--set=run.output={run}"),
         *("--set=data.batch_size=4", "--set=data.workers=0", "--set=run.max_steps=3"),
         *("--set=launch.mode=ray", "--set=launch.workers=2", "--set=run.sample_log=true"),

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.health.checks import FAULTS_ENV
 
 from tests.test_alerts import Webhook
 from tests.test_loader import logged_steps, write_uneven_shards
-from trainer.config import TrainConfig
-from trainer.health.checks import FAULTS_ENV
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -21,7 +21,7 @@ def test_ray_train_restarts_a_lost_worker_from_the_newest_checkpoint(
     tmp_path, ray_session, monkeypatch
 ):
     """48 samples, 2 ranks x 4: 6 steps; checkpoints at 2 and 4; rank 1 dies before step 5."""
-    from trainer.launch import launch_ray
+    from mmcurate.trainer.launch import launch_ray
 
     (tmp_path / "shards").mkdir()
     manifest = write_uneven_shards(tmp_path / "shards", sizes=(20, 28))

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import ray
 import yaml
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.demo_data import make_demo_images
+from mmcurate.stages.base import DROP, DROP_STAGE
+from mmcurate.stages.registry import build_stages, stage_order
 
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.demo_data import make_demo_images
-from stages.base import DROP, DROP_STAGE
-from stages.registry import build_stages, stage_order
 from tests.tiny_blip2 import save_tiny_blip2
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def test_sampling_is_seeded_per_key_not_per_batch(one_torch_thread, blip2, photo
 
 def clip_text(captions: list[str]) -> np.ndarray:
     """The tiny CLIP's float16 text embeddings, computed here (open_clip, seeded weights)."""
-    from stages.lib.clip_model import ClipModel
+    from mmcurate.stages.lib.clip_model import ClipModel
 
     model = ClipModel("mmcurate-tiny", None, "cpu")
     _, text = model.encode(np.zeros((0, 1, 1, 3), np.uint8), captions)
@@ -204,7 +204,7 @@ def test_choose_against_scores_computed_here(one_torch_thread, blip2, photos, mo
 
 
 def test_mix_share_is_the_configured_fraction():
-    from stages.recaption import mix_share
+    from mmcurate.stages.recaption import mix_share
 
     shares = [mix_share(0, f"key{i:05d}") for i in range(4000)]
     assert abs(np.mean(np.array(shares) < 0.8) - 0.8) < 0.03
@@ -252,7 +252,7 @@ def test_killed_build_resumes_to_the_same_manifest(ray_session, blip2, photos, t
     config.write_text(yaml.safe_dump(recaption_build(photos, blip2, out)))
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     driver = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"],
+        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
         cwd=REPO,
         env=env,
         start_new_session=True,
@@ -296,7 +296,7 @@ def test_recaption_build_writes_captions_into_shards(blip2, photos, tmp_path):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
+        [sys.executable, "-m", "mmcurate", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -331,8 +331,8 @@ def damaged(blip2: Path, tmp_path: Path, damage: str) -> Path:
     ],
 )
 def test_bad_model_folder_fails_check_in_one_line(blip2, tmp_path, damage, message):
-    from core.config_io import ConfigError
-    from stages.registry import build_stage
+    from mmcurate.core.config_io import ConfigError
+    from mmcurate.stages.registry import build_stage
 
     folder = damaged(blip2, tmp_path, damage)
     stage = build_stage({"name": "recaption", "model": str(folder), "choose": "synthetic"}, 3)
@@ -355,8 +355,8 @@ def test_bad_model_folder_fails_the_cli_before_reading(blip2, photos, tmp_path):
 
 
 def test_choose_needs_its_clip_score_and_threshold(blip2):
-    from core.config_io import ConfigError
-    from stages.registry import validate_stage_list
+    from mmcurate.core.config_io import ConfigError
+    from mmcurate.stages.registry import validate_stage_list
 
     base = {"name": "recaption", "model": str(blip2)}
     cases = [

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from mmcurate.core.config_io import ConfigError
+from mmcurate.stages.base import DROP, DROP_STAGE
+from mmcurate.stages.registry import build_stage
 
-from core.config_io import ConfigError
-from stages.base import DROP, DROP_STAGE
-from stages.registry import build_stage
 from tests.test_recaption import CLIP, photo_batch, recaption_build, run_cli, run_stages, score
 from tests.tiny_blip2 import save_tiny_blip, save_tiny_blip2
 
@@ -29,7 +29,7 @@ def blip2(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory) -> Path:
-    from pipeline.demo_data import make_demo_images
+    from mmcurate.pipeline.demo_data import make_demo_images
 
     folder = tmp_path_factory.mktemp("photos")
     make_demo_images(folder, n=10, exact_copies=0, broken=0, seed=3)
@@ -209,10 +209,9 @@ def test_damaged_or_wrong_folder_fails_the_check_in_one_line(blip2, tmp_path, da
 
 def test_every_weights_layout_the_loader_takes_passes_and_loads(blip2, tmp_path, one_torch_thread):
     import torch
+    from mmcurate.stages.lib.captioner import Captioner, Generation
+    from mmcurate.stages.lib.captioner_check import check_captioner
     from safetensors.torch import save_file
-
-    from stages.lib.captioner import Captioner, Generation
-    from stages.lib.captioner_check import check_captioner
 
     layouts = {}
     folder = layouts["bin"] = tmp_path / "bin"
@@ -296,7 +295,7 @@ def test_other_modes_leave_blank_captions_to_clip_score(one_torch_thread, blip2,
 
 
 def test_strip_prompt_cuts_only_a_leading_echo():
-    from stages.lib.captioner import strip_prompt
+    from mmcurate.stages.lib.captioner import strip_prompt
 
     assert strip_prompt("A  Photo of a dog", "a photo of") == "a dog"
     assert strip_prompt("a photograph of a dog", "a photo") == "a photograph of a dog"
@@ -306,8 +305,7 @@ def test_strip_prompt_cuts_only_a_leading_echo():
 
 def test_generated_words_equal_to_the_prompt_are_kept(blip2, one_torch_thread):
     import torch
-
-    from stages.lib.captioner import Captioner, Generation
+    from mmcurate.stages.lib.captioner import Captioner, Generation
 
     captioner = Captioner(str(blip2), "cpu")
     gen = Generation(prompt="a photo of")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mmcurate.core.redaction import REDACTED, is_secret_key, redact, redact_text
+from mmcurate.pipeline.config import load_build_config
+from mmcurate.trainer.config import TrainConfig
 
-from core.redaction import REDACTED, is_secret_key, redact, redact_text
-from pipeline.config import load_build_config
 from tests.redaction_cases import BACKENDS, OPENSSH, PEM
-from trainer.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,11 +7,11 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.report.charts import bar_chart, histogram
 from PIL import Image
 
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.report.charts import bar_chart, histogram
 from tests.test_config import REPO
 
 SECTIONS = (
@@ -66,7 +66,7 @@ def test_build_writes_a_report_and_the_cli_renders_it_again(ray_session, image_f
     assert "decode_error (2)" in page and "not stored" not in page.split("Dropped samples")[0]
     (tmp_path / "out" / "report.html").unlink()
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "report", str(tmp_path / "out")],
+        [sys.executable, "-m", "mmcurate", "report", str(tmp_path / "out")],
         capture_output=True,
         text=True,
         timeout=120,

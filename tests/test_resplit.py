@@ -5,8 +5,7 @@ the epoch's samples, each exactly once, and every new rank gets the same number 
 from __future__ import annotations
 
 import pytest
-
-from trainer.data.plan import (
+from mmcurate.trainer.data.plan import (
     Layout,
     Piece,
     WeightedManifest,
@@ -16,7 +15,7 @@ from trainer.data.plan import (
     worker_batches,
     worker_plan,
 )
-from trainer.data.resplit import PlanShape, Split, carried_pieces, merged, pieces_at
+from mmcurate.trainer.data.resplit import PlanShape, Split, carried_pieces, merged, pieces_at
 
 
 def samples_of(pieces: list[Piece], positions: list[int]) -> list[tuple[int, int]]:

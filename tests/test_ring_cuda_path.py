@@ -11,20 +11,20 @@ from typing import Any
 
 import pytest
 import torch
-
-from tests.test_loader import write_uneven_shards
-from trainer.config import TrainConfig
-from trainer.data.dataset import ShardDataset
-from trainer.data.ring import DEVICE_HOLD, RingLoader
-from trainer.dist.world import Dist
-from trainer.models import build_model
-from trainer.train import (
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.dataset import ShardDataset
+from mmcurate.trainer.data.ring import DEVICE_HOLD, RingLoader
+from mmcurate.trainer.dist.world import Dist
+from mmcurate.trainer.models import build_model
+from mmcurate.trainer.train import (
     DevicePrefetcher,
     make_dataset,
     make_training_loader,
     read_sources,
     training_transport,
 )
+
+from tests.test_loader import write_uneven_shards
 
 SIZES = (5, 11, 16)  # 32 samples: 8 batches of 4 on one rank
 

@@ -14,13 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.mapreduce import LocalRunner
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.runtime.localpool import LocalPool, PoolRunner, WorkerCrashed
+from mmcurate.pipeline.runtime.session import choose_runtime
 
-from core.config_io import ConfigError
-from core.mapreduce import LocalRunner
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.runtime.localpool import LocalPool, PoolRunner, WorkerCrashed
-from pipeline.runtime.session import choose_runtime
 from tests.http_corpus import Corpus, photo_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def build(urls: Path, out: Path) -> subprocess.Popen:
     """`mmcurate build` as a user runs it (the CLI prestarts the pool), in the background."""
     config = out.parent / f"{out.name}.yaml"
     config.write_text(yaml.safe_dump(tree(urls, out, "auto")))
-    cmd = [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"]
+    cmd = [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -253,7 +253,7 @@ def test_a_local_build_never_loads_ray(tmp_path):
         cfg["stages"] += [{"name": "exact_dedupe"}, {"name": "near_dedupe", "radius": 8}]
         config = tmp_path / "build.yaml"
         config.write_text(yaml.safe_dump(cfg))
-        cmd = [sys.executable, "-X", "importtime", "-m", "pipeline", "build", str(config)]
+        cmd = [sys.executable, "-X", "importtime", "-m", "mmcurate", "build", str(config)]
         done = subprocess.run(cmd + ["--no-progress"], cwd=REPO, capture_output=True, text=True)
     finally:
         server.stop()
@@ -283,7 +283,7 @@ def test_an_image_folder_build_command_never_imports_pandas(tmp_path):
     }
     config = tmp_path / "build.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-X", "importtime", "-m", "pipeline", "build", str(config)]
+    cmd = [sys.executable, "-X", "importtime", "-m", "mmcurate", "build", str(config)]
     done = subprocess.run(cmd + ["--no-progress"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["samples"] == 3
@@ -297,7 +297,7 @@ def test_the_skipped_pandas_probe_leaves_pandas_usable():
     imports it, and from then on pyarrow reads pandas objects as pandas (NaN as null)."""
     script = """
 import sys
-from core.pandas_probe import skip_pandas_probe
+from mmcurate.core.pandas_probe import skip_pandas_probe
 skip_pandas_probe()
 import pyarrow as pa
 assert "pandas" not in sys.modules
@@ -331,7 +331,7 @@ def test_nanosecond_columns_give_the_same_json_in_the_build_command(tmp_path):
         pq.write_table(table, path)
         config = tmp_path / "build.yaml"
         config.write_text(yaml.safe_dump(tree(path, tmp_path / "out", "local")))
-        cmd = [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"]
+        cmd = [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"]
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     finally:
         server.stop()

@@ -13,9 +13,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-
-from core.mapreduce import LocalRunner
-from pipeline.output.shard_metadata import (
+from mmcurate.core.mapreduce import LocalRunner
+from mmcurate.pipeline.output.shard_metadata import (
     FIELDS_KEY,
     candidate_metadata,
     merge_kind,
@@ -26,7 +25,7 @@ from pipeline.output.shard_metadata import (
     row_fields,
     value_kind,
 )
-from pipeline.output.shards import HashingWriter
+from mmcurate.pipeline.output.shards import HashingWriter
 
 # Two shards' worth of rows that disagree in every way a per-shard inference gets wrong.
 FIRST = [
@@ -184,7 +183,7 @@ def test_a_candidate_shorter_than_its_spans_fails_the_shard(tmp_path):
 
 SHRINKS_WHILE_COPIED = """
 import os, sys
-from pipeline.output.shards import HashingWriter
+from mmcurate.pipeline.output.shards import HashingWriter
 
 source, target = sys.argv[1], sys.argv[2]
 

@@ -38,10 +38,9 @@ def test_a_checkpoint_saved_on_4_ranks_resumes_on_2_then_on_1(tmp_path):
     the last 40 on one process (10 steps). Every sample once; each DCP folder has one file per
     rank; a folder without DCP's `.metadata` (a save cut short) makes its step passed over."""
     import open_clip
-
-    from trainer.config import TrainConfig
-    from trainer.train import train
-    from trainer.train_state import newest_intact
+    from mmcurate.trainer.config import TrainConfig
+    from mmcurate.trainer.train import train
+    from mmcurate.trainer.train_state import newest_intact
 
     (tmp_path / "shards").mkdir()
     manifest = write_uneven_shards(tmp_path / "shards", sizes=(30, 41, 25))
@@ -72,8 +71,8 @@ def test_a_checkpoint_saved_on_4_ranks_resumes_on_2_then_on_1(tmp_path):
 def test_run_checkpoint_minutes_saves_by_elapsed_time(tmp_path, minutes, saved):
     """run.checkpoint_minutes: a checkpoint once that long has passed since the last one (a
     microsecond: after every step; 1000 minutes: only the final step's)."""
-    from trainer.config import TrainConfig
-    from trainer.train import train
+    from mmcurate.trainer.config import TrainConfig
+    from mmcurate.trainer.train import train
 
     (tmp_path / "shards").mkdir()
     manifest = write_uneven_shards(tmp_path / "shards", sizes=(24,))

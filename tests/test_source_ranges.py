@@ -13,14 +13,13 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 import pytest
-
-from core.config_io import ConfigError
-from pipeline.config import SourceConfig
-from pipeline.sources.ranges import LineScan, groups_for, scan_rows
-from pipeline.sources.staging import stage_sources
-from pipeline.sources.synth import laion_like_table, write_csv_list, write_parquet_list
-from pipeline.sources.urls import plan_urls, read_urls, url_sample
-from stages.base import DROP
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.ranges import LineScan, groups_for, scan_rows
+from mmcurate.pipeline.sources.staging import stage_sources
+from mmcurate.pipeline.sources.synth import laion_like_table, write_csv_list, write_parquet_list
+from mmcurate.pipeline.sources.urls import plan_urls, read_urls, url_sample
+from mmcurate.stages.base import DROP
 
 COLUMNS = {"url_column": "URL", "caption_column": "TEXT"}
 

@@ -4,11 +4,11 @@ import json
 import os
 import threading
 
-from core.tario import safe_key
-from pipeline.config import BuildConfig, SourceConfig
-from pipeline.output.resume import build_identity
-from pipeline.sources.partitions import plan_source, read_partition
-from stages.base import DROP
+from mmcurate.core.tario import safe_key
+from mmcurate.pipeline.config import BuildConfig, SourceConfig
+from mmcurate.pipeline.output.resume import build_identity
+from mmcurate.pipeline.sources.partitions import plan_source, read_partition
+from mmcurate.stages.base import DROP
 
 
 def rows(batch: dict) -> list[dict]:

@@ -14,13 +14,12 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from core.spill import SPILL_PREFIX, host_tag, sweep_folders
+from mmcurate.core.spill import SPILL_PREFIX, host_tag, sweep_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import os, sys, time
-from core.spill import spill_bytes, spill_folder
+from mmcurate.core.spill import spill_bytes, spill_folder
 folder = spill_folder(sys.argv[1])
 spill_bytes(os.urandom(1 << 20), folder)
 print(folder, flush=True)
@@ -68,7 +67,7 @@ def test_a_killed_process_folder_is_swept_at_once(tmp_path):
 def build(config: Path, temp: Path) -> subprocess.CompletedProcess:
     """`mmcurate build` in a fresh process whose temp folder is `temp`."""
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", "build", str(config)],
+        [sys.executable, "-m", "mmcurate", "build", str(config)],
         capture_output=True,
         text=True,
         env=os.environ | {"TMPDIR": str(temp)},

@@ -5,15 +5,14 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from stages.registry import build_stages, stage_order
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.stages.registry import build_stages, stage_order
 
 
 def write_pairs(folder: Path, captions: list[str]) -> None:
     """Real JPEGs with the given captions (the demo's photo maker)."""
-    from pipeline.demo_data import make_demo_images
+    from mmcurate.pipeline.demo_data import make_demo_images
 
     make_demo_images(folder, n=len(captions), exact_copies=0, broken=0, seed=3)
     for txt, caption in zip(sorted(folder.glob("*.txt")), captions, strict=True):

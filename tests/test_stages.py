@@ -5,14 +5,13 @@ import json
 
 import pyarrow as pa
 import pytest
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.tario import iter_tar_samples, sample_members, split_member_name, write_tar
+from mmcurate.pipeline.output.shards import TAR_END_BYTES, plan_shards
+from mmcurate.pipeline.sources.samples import empty_batch, sanitize_key
+from mmcurate.stages.base import DROP, DROP_STAGE
+from mmcurate.stages.registry import build_stage, build_stages
 from PIL import Image
-
-from core.config_io import ConfigError
-from core.tario import iter_tar_samples, sample_members, split_member_name, write_tar
-from pipeline.output.shards import TAR_END_BYTES, plan_shards
-from pipeline.sources.samples import empty_batch, sanitize_key
-from stages.base import DROP, DROP_STAGE
-from stages.registry import build_stage, build_stages
 
 
 def jpeg(size=(300, 200), color=(200, 30, 30), mode="RGB", fmt="JPEG", **save) -> bytes:
@@ -268,7 +267,7 @@ def test_each_stage_module_registers_its_own_name_and_a_build_imports_only_its_s
     import subprocess
     import sys
 
-    from stages.registry import STAGE_MODULES, all_stages
+    from mmcurate.stages.registry import STAGE_MODULES, all_stages
 
     classes = all_stages()
     assert sorted(classes) == sorted(STAGE_MODULES)
@@ -283,4 +282,4 @@ def test_each_stage_module_registers_its_own_name_and_a_build_imports_only_its_s
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout)
     stage_modules = [m for m in loaded if m in STAGE_MODULES.values()]
-    assert stage_modules == ["stages.decode_image"] and "av" not in loaded
+    assert stage_modules == ["mmcurate.stages.decode_image"] and "av" not in loaded

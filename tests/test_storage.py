@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from core.storage import filesystem, find_files, with_retries
+from mmcurate.core.storage import filesystem, find_files, with_retries
 
 
 @pytest.fixture

@@ -21,19 +21,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from core.atomic import open_atomic
-from core.storage import filesystem
-from core.tario import TarWriter, write_tar
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.output import media_index
-from pipeline.output.candidates import write_chunk
-from pipeline.output.media_index import PartitionMedia
-from pipeline.output.media_table import MediaTable, media_name
-from pipeline.output.retire import Retirer, shard_runs
-from pipeline.output.shard_refs import read_refs
-from pipeline.output.shards import (
+from mmcurate.core.atomic import open_atomic
+from mmcurate.core.storage import filesystem
+from mmcurate.core.tario import TarWriter, write_tar
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.output import media_index
+from mmcurate.pipeline.output.candidates import write_chunk
+from mmcurate.pipeline.output.media_index import PartitionMedia
+from mmcurate.pipeline.output.media_table import MediaTable, media_name
+from mmcurate.pipeline.output.retire import Retirer, shard_runs
+from mmcurate.pipeline.output.shard_refs import read_refs
+from mmcurate.pipeline.output.shards import (
     COPY_BATCH,
     COPY_BLOCK,
     HashingWriter,
@@ -41,7 +40,8 @@ from pipeline.output.shards import (
     candidate_name,
     copy_spans,
 )
-from stages.base import DROP
+from mmcurate.stages.base import DROP
+
 from tests.storage_probe import PeakSampler, local_bytes, store_bytes, window_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def test_a_full_index_takes_no_more_payloads_and_keeps_the_ones_it_has():
 
 
 def test_the_index_serves_committed_payloads_only(tmp_path):
-    from pipeline.output.media_index import IndexServer, SocketIndex
+    from mmcurate.pipeline.output.media_index import IndexServer, SocketIndex
 
     table = MediaTable()
     server = IndexServer(table)
@@ -325,7 +325,7 @@ def test_killed_mid_phase_c_resumes_to_the_same_manifest(tmp_path, image_folder)
     config = tmp_path / "build.yaml"
     config.write_text(yaml.safe_dump(dedupe_config(folder, str(out))))
     driver = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"],
+        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
         cwd=REPO,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -353,7 +353,7 @@ def killed_when(cfg: dict, tmp_path: Path, done: str) -> Path:
     config = tmp_path / "killed.yaml"
     config.write_text(yaml.safe_dump(cfg))
     driver = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "build", str(config), "--no-progress"],
+        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
         cwd=REPO,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -412,8 +412,13 @@ def test_killed_mid_phase_c_with_references_resumes_to_the_same_manifest(tmp_pat
 
 
 def test_partition_tasks_declare_memory_that_fits_the_ray(ray_session, tmp_path):
-    from core.config_io import ConfigError
-    from pipeline.runtime.session import fitted_memory, node_memory, partition_memory, shutdown
+    from mmcurate.core.config_io import ConfigError
+    from mmcurate.pipeline.runtime.session import (
+        fitted_memory,
+        node_memory,
+        partition_memory,
+        shutdown,
+    )
 
     shutdown()  # an earlier test's local pool: builds would run there, not on Ray
     base = dedupe_config(tmp_path, str(tmp_path / "out")) | {"ray": {}}
@@ -426,7 +431,7 @@ def test_partition_tasks_declare_memory_that_fits_the_ray(ray_session, tmp_path)
 
 
 def test_groups_are_capped_by_signature_bytes_as_well_as_rows():
-    from pipeline.output.groups import plan_groups
+    from mmcurate.pipeline.output.groups import plan_groups
 
     parts, rows = list(range(6)), [10] * 6
     assert plan_groups(parts, rows, 1000) == [parts]
@@ -436,7 +441,7 @@ def test_groups_are_capped_by_signature_bytes_as_well_as_rows():
 
 
 def test_the_local_pool_starts_no_more_workers_than_tasks():
-    from pipeline.runtime.localpool import LocalPool
+    from mmcurate.pipeline.runtime.localpool import LocalPool
 
     pool = LocalPool(4, start=0)
     try:
@@ -450,8 +455,7 @@ def test_the_local_pool_starts_no_more_workers_than_tasks():
 
 def test_group_tasks_run_in_a_bounded_window_in_call_order(ray_session):
     import ray
-
-    from pipeline.runtime.session import WindowRunner
+    from mmcurate.pipeline.runtime.session import WindowRunner
 
     runner = WindowRunner(task_bytes=1 << 30)
     assert 1 <= runner.window() <= runner.parallelism

@@ -1,4 +1,4 @@
-"""core.tario's tar writer: byte for byte what Python's tarfile writes, read back by tarfile."""
+"""core/tario's tar writer: byte for byte what Python's tarfile writes, read back by tarfile."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import random
 import tarfile
 
 import pytest
-
-from core.tario import iter_tar_samples, member_header, sample_members, write_tar
+from mmcurate.core.tario import iter_tar_samples, member_header, sample_members, write_tar
 
 
 def tarfile_bytes(samples: list[dict], prefix: bytes = b"") -> tuple[bytes, list[tuple[int, int]]]:

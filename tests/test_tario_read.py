@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from core.tario import group_samples, iter_tar_samples, write_tar
+from mmcurate.core.tario import group_samples, iter_tar_samples, write_tar
 
 
 def tarfile_samples(

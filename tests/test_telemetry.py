@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mmcurate.core.config_io import ConfigError, validate
+from mmcurate.trainer.config import TelemetryConfig, TrainConfig
+from mmcurate.trainer.health.alerts import Alerts
+from mmcurate.trainer.health.telemetry import GpuReading, GpuRules, Telemetry, open_telemetry
 
-from core.config_io import ConfigError, validate
 from tests.telemetry_samplers import READINGS_ENV, ScriptedSampler
 from tests.test_alerts import FIELDS, Webhook
 from tests.test_loader import write_uneven_shards
-from trainer.config import TelemetryConfig, TrainConfig
-from trainer.health.alerts import Alerts
-from trainer.health.telemetry import GpuReading, GpuRules, Telemetry, open_telemetry
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -177,7 +177,7 @@ def test_a_sampler_that_does_not_import_fails_in_one_line(tmp_path):
 def test_a_training_run_logs_readings_and_alerts(tmp_path, monkeypatch, webhook):
     """A real (tiny, CPU) run with the scripted sampler: every metrics row holds the GPUs'
     readings, the hot GPU's alert arrives once, before run_end."""
-    from trainer.train import train
+    from mmcurate.trainer.train import train
 
     hot = [
         {"index": 0, "temperature_c": 95.0, "power_w": 250.0, "ecc_errors": 0},

@@ -2,10 +2,10 @@
 captions) and its hygiene rules, each with its drop reason."""
 
 import pytest
+from mmcurate.core.config_io import ConfigError
+from mmcurate.stages.lib.text_count import word_count
+from mmcurate.stages.registry import build_stage
 
-from core.config_io import ConfigError
-from stages.lib.text_count import word_count
-from stages.registry import build_stage
 from tests.test_language import labelled
 
 

@@ -10,10 +10,10 @@ import math
 
 import pyarrow.parquet as pq
 import pytest
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
 from PIL import Image
 
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
 from tests.shapes import make_shapes, write_folder
 from tests.test_aesthetic import TINY, random_head, save_head
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.checkpoint import load_checkpoint
+from mmcurate.trainer.cli import main as train_main
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.dist.world import Dist
+from mmcurate.trainer.eval.evaluate import main as eval_main
+from mmcurate.trainer.train import train
 
-from core.config_io import ConfigError
 from tests.eval_sets import PHOTOS, class_folder, flickr_like, photo, write_build
-from trainer.checkpoint import load_checkpoint
-from trainer.cli import main as train_main
-from trainer.config import TrainConfig
-from trainer.dist.world import Dist
-from trainer.eval.evaluate import main as eval_main
-from trainer.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def eval_rows(output: Path) -> dict[int, dict]:
 
 
 def mmcurate_eval(sets, checkpoint: Path, tmp_path: Path, capsys=None) -> dict[str, float]:
-    """`mmcurate eval` on a checkpoint: in this process, or as `python -m trainer.eval`."""
+    """`mmcurate eval` on a checkpoint: in this process, or as `python -m mmcurate.trainer.eval`."""
     section = eval_section(sets)
     body = {
         "model": {"name": "mmcurate-tiny", "pretrained": str(checkpoint)},
@@ -84,7 +84,7 @@ def mmcurate_eval(sets, checkpoint: Path, tmp_path: Path, capsys=None) -> dict[s
         assert eval_main(args) == 0
         capsys.readouterr()
     else:
-        cmd = [sys.executable, "-m", "trainer.eval", *args]
+        cmd = [sys.executable, "-m", "mmcurate.trainer.eval", *args]
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     return {f"eval/{k}": v for k, v in json.loads(out.read_text())["metrics"].items()}
@@ -126,7 +126,7 @@ def board_tags(output: Path) -> set[str]:
 def run_torchrun(config: Path, world: int) -> subprocess.CompletedProcess:
     env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={world}", "-m", "trainer", str(config)]
+    cmd += [f"--nproc-per-node={world}", "-m", "mmcurate.trainer", str(config)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
 
 
@@ -140,8 +140,8 @@ def printed_summaries(stdout: str) -> list[dict]:
 
 
 def test_two_ranks_log_the_numbers_one_rank_and_mmcurate_eval_find(sets, tmp_path):
-    from trainer.eval.in_training import open_evaluator
-    from trainer.models import load_eval_model, resolve_weights
+    from mmcurate.trainer.eval.in_training import open_evaluator
+    from mmcurate.trainer.models import load_eval_model, resolve_weights
 
     output = tmp_path / "run"
     body = tree(sets, output, eval_section(sets, every=3, workers=0))

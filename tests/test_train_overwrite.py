@@ -5,11 +5,11 @@ deleted first, then the new run died with a traceback)."""
 from __future__ import annotations
 
 import pytest
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.train import train
 
-from core.config_io import ConfigError
 from tests.test_trainer import tree, write_shards
-from trainer.config import TrainConfig
-from trainer.train import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 

@@ -16,17 +16,16 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.tario import iter_tar_samples, split_member_name
+from mmcurate.trainer.checkpoint import load_checkpoint
+from mmcurate.trainer.cli import main
+from mmcurate.trainer.config import TrainConfig, load_train_config, parse_size
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset
+from mmcurate.trainer.data.manifest import ManifestError, read_manifest
+from mmcurate.trainer.train import lr_factor, train
 from PIL import Image, ImageEnhance
 from skimage import data as skdata
-
-from core.config_io import ConfigError
-from core.tario import iter_tar_samples, split_member_name
-from trainer.checkpoint import load_checkpoint
-from trainer.cli import main
-from trainer.config import TrainConfig, load_train_config, parse_size
-from trainer.data.dataset import ImageTransform, ShardDataset
-from trainer.data.manifest import ManifestError, read_manifest
-from trainer.train import lr_factor, train
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = {
@@ -240,8 +239,7 @@ def test_bad_manifest_is_a_manifest_error(tmp_path):
 def test_streams_shards_from_an_fsspec_url(manifest_path):
     """Shards behind a URL (fsspec's in-memory store) stream like local ones, bad samples skip."""
     import fsspec
-
-    from trainer.models import build_model
+    from mmcurate.trainer.models import build_model
 
     fs = fsspec.filesystem("memory")
     for path in manifest_path.parent.iterdir():
@@ -334,7 +332,7 @@ def test_cli_exit_codes(manifest_path, tmp_path, capsys):
     # the real entry point, in a fresh process
     config = write_config(tmp_path / "ok.yaml", tree(manifest_path, tmp_path / "ok"))
     run = subprocess.run(
-        [sys.executable, "-m", "trainer", str(config), "--set", "run.max_steps=2"],
+        [sys.executable, "-m", "mmcurate.trainer", str(config), "--set", "run.max_steps=2"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -373,7 +371,7 @@ def test_tensorboard_gets_the_metrics_rows(manifest_path, tmp_path):
 
 
 def test_resume_drops_log_lines_written_after_the_checkpoint(tmp_path):
-    from trainer.train import trim_log
+    from mmcurate.trainer.train import trim_log
 
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)))
@@ -429,7 +427,7 @@ def test_a_run_on_object_storage_checkpoints_and_resumes_there(
 def test_a_checkpoint_that_fails_midway_leaves_nothing(s3, s3_bucket, tmp_path):
     """torch.save raising partway (here: an object it cannot pickle, after a large tensor)
     publishes no object and leaves no temporary file, on S3 as on a local disk."""
-    from trainer.checkpoint import latest_checkpoint, save_checkpoint
+    from mmcurate.trainer.checkpoint import latest_checkpoint, save_checkpoint
 
     state = {"model": torch.zeros(1_000_000), "bad": lambda: None}
     for output in (f"s3://{s3_bucket}/run", str(tmp_path / "run")):

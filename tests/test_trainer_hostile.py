@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mmcurate.trainer.cli import main
 
 from tests.test_loader import REPO, write_uneven_shards
-from trainer.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -85,7 +85,7 @@ def test_each_rank_writes_its_error_as_a_whole_line_of_its_own(tmp_path):
     env = os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "WORLD_SIZE": "2"}
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-m", "trainer", config],
+            [sys.executable, "-m", "mmcurate.trainer", config],
             stderr=shared,
             stdout=subprocess.DEVNULL,
             env=env | {"RANK": str(rank)},

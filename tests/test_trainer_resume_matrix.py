@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.checkpoint import load_checkpoint, save_checkpoint
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.dist.world import Dist
+from mmcurate.trainer.train import train
+from mmcurate.trainer.train_state import previous_checkpoint
 
-from core.config_io import ConfigError
 from tests.test_loader import REPO, write_uneven_shards
-from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.config import TrainConfig
-from trainer.dist.world import Dist
-from trainer.train import train
-from trainer.train_state import previous_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CHILD = str(REPO / "tests" / "trainer_resume_child.py")

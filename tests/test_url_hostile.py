@@ -9,11 +9,10 @@ resolved, and with it on an IP literal is judged without DNS and refused before 
 from ipaddress import ip_address
 
 import pytest
-
-from stages.lib.fetch_policy import FetchPolicy
-from stages.lib.http_conn import Connections
-from stages.lib.http_fetch import Failed, check_url, fetch
-from stages.lib.url_guard import (
+from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.http_conn import Connections
+from mmcurate.stages.lib.http_fetch import Failed, check_url, fetch
+from mmcurate.stages.lib.url_guard import (
     embedded_ipv4,
     is_public_address,
     literal_address,
@@ -21,6 +20,7 @@ from stages.lib.url_guard import (
     redirect_target,
     vet_addresses,
 )
+
 from tests.http_corpus import Corpus, photo_bytes
 
 GUARD_OFF = FetchPolicy(allow_private_addresses=True, retries=0, timeout_s=5)

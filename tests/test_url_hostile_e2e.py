@@ -9,15 +9,15 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.sources.samples import empty_batch
+from mmcurate.stages.base import DROP
+from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.http_conn import Connections
+from mmcurate.stages.lib.http_fetch import fetch
+from mmcurate.stages.registry import build_stage
 
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.sources.samples import empty_batch
-from stages.base import DROP
-from stages.lib.fetch_policy import FetchPolicy
-from stages.lib.http_conn import Connections
-from stages.lib.http_fetch import fetch
-from stages.registry import build_stage
 from tests.http_corpus import Corpus, photo_bytes
 
 GUARD_OFF = FetchPolicy(allow_private_addresses=True, retries=0, timeout_s=5)

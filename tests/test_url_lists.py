@@ -9,12 +9,12 @@ import tarfile
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig, SourceConfig
+from mmcurate.pipeline.sources.urls import plan_urls
+from mmcurate.stages.base import DROP
 
-from core.config_io import ConfigError
-from pipeline.build import run_build
-from pipeline.config import BuildConfig, SourceConfig
-from pipeline.sources.urls import plan_urls
-from stages.base import DROP
 from tests.test_source_ranges import read_all
 
 U = "http://127.0.0.1:9/x.jpg"
@@ -338,7 +338,7 @@ def test_bad_csv_rows_are_counted_in_a_built_dataset(tmp_path):
 
 
 def test_a_bad_row_of_a_video_list_is_named_not_a_read_error(tmp_path):
-    from pipeline.sources.videos import plan_video_list, read_video_list
+    from mmcurate.pipeline.sources.videos import plan_video_list, read_video_list
 
     (tmp_path / "x.mp4").write_bytes(b"not decoded here")
     (tmp_path / "list.csv").write_text("path,caption\nx.mp4,one\nx.mp4,a, comma\nx.mp4,three\n")

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mmcurate.core.spill import Spilled, set_task_folder, spill_folder
+from mmcurate.stages.registry import build_stages
 from PIL import Image
-
-from core.spill import Spilled, set_task_folder, spill_folder
-from stages.registry import build_stages
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,14 +10,13 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 from http_corpus import Corpus, photo_bytes
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig, SourceConfig
+from mmcurate.pipeline.sources.synth import laion_like_table, write_parquet_list
+from mmcurate.pipeline.sources.urls import plan_urls, read_urls
+from mmcurate.stages.base import DROP
 from test_source_ranges import reference_rows
-
-from core.config_io import ConfigError
-from pipeline.build import run_build
-from pipeline.config import BuildConfig, SourceConfig
-from pipeline.sources.synth import laion_like_table, write_parquet_list
-from pipeline.sources.urls import plan_urls, read_urls
-from stages.base import DROP
 
 
 def table(n: int, start: int = 0) -> pa.Table:

@@ -11,26 +11,25 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import webdataset as wds
-from PIL import Image
-
-from core.tario import iter_tar_samples, write_tar
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.video_data import (
+from mmcurate.core.tario import iter_tar_samples, write_tar
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.video_data import (
     audio_only,
     encode_video,
     lying_avi,
     read_frame_number,
     truncated,
 )
-from stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
-from stages.lib.video_decode import plan_indices, sample_video, to_jpeg
-from stages.registry import build_stage
-from trainer.config import TrainConfig
-from trainer.data.dataset import ImageTransform, ShardDataset
-from trainer.data.manifest import read_manifest
-from trainer.models import build_model
-from trainer.train import train
+from mmcurate.stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from mmcurate.stages.lib.video_decode import plan_indices, sample_video, to_jpeg
+from mmcurate.stages.registry import build_stage
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.models import build_model
+from mmcurate.trainer.train import train
+from PIL import Image
 
 OPTS = {"mode": "uniform", "num_frames": 8, "fps": 1.0, "size": 224, "crop": True, "quality": 90}
 
@@ -330,7 +329,7 @@ def test_videos_from_a_glob_a_list_on_s3_and_tar_shards(ray_session, s3, s3_buck
 
 
 def test_clip_split_of_an_odd_sized_video_crops_to_even_sides():
-    from stages.lib.video_split import split_video
+    from mmcurate.stages.lib.video_split import split_video
 
     video = encode_video(48, 24, size=(251, 143), pixel_format="yuv444p", cuts=(24,))
     opts = {"mode": "scenes", "window_s": 1.0, "stride_s": None, "analysis_fps": 24,

@@ -12,13 +12,17 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from mmcurate.core.spill import Spilled, media_bytes, set_task_folder
+from mmcurate.pipeline.video_data import encode_video, frame_pixels, read_frame_number, write_padded
+from mmcurate.stages.lib.video_decode import (
+    display_rotation,
+    may_be_rotated,
+    refuse_images,
+    sample_video,
+)
+from mmcurate.stages.lib.video_split import split_video
+from mmcurate.stages.registry import build_stage
 from PIL import Image
-
-from core.spill import Spilled, media_bytes, set_task_folder
-from pipeline.video_data import encode_video, frame_pixels, read_frame_number, write_padded
-from stages.lib.video_decode import display_rotation, may_be_rotated, refuse_images, sample_video
-from stages.lib.video_split import split_video
-from stages.registry import build_stage
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30

@@ -7,13 +7,12 @@ import json
 
 import av
 import pytest
-
-from core.formats import VIDEO_COLUMNS
-from core.tario import iter_tar_samples
-from pipeline.build import run_build
-from pipeline.config import BuildConfig
-from pipeline.video_data import encode_video
-from stages.registry import build_stage
+from mmcurate.core.formats import VIDEO_COLUMNS
+from mmcurate.core.tario import iter_tar_samples
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.video_data import encode_video
+from mmcurate.stages.registry import build_stage
 
 # (extension, codec, PyAV's muxer): the sources a user's folder may hold
 SOURCES = [

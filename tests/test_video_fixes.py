@@ -8,18 +8,17 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
-from PIL import Image
-
-from pipeline.video_data import encode_video, frame_pixels, read_frame_number
-from stages.lib.video_decode import (
+from mmcurate.pipeline.video_data import encode_video, frame_pixels, read_frame_number
+from mmcurate.stages.lib.video_decode import (
     display_rotation,
     may_be_rotated,
     sample_video,
     to_jpeg,
     with_pyav,
 )
-from stages.lib.video_split import split_video
-from stages.registry import build_stage
+from mmcurate.stages.lib.video_split import split_video
+from mmcurate.stages.registry import build_stage
+from PIL import Image
 
 OPTS = {"mode": "uniform", "num_frames": 8, "fps": 1.0, "size": 512, "crop": False, "quality": 95}
 SPLIT = {"mode": "fixed", "window_s": 1.0, "stride_s": None, "analysis_fps": 4.0,
@@ -230,8 +229,8 @@ def test_two_videos_sharing_a_key_count_as_two_inputs_when_split(tmp_path):
     inputs did not add up (2 + 1 videos, 2 counted). Now: 3 in, one duplicate_key."""
     import tarfile
 
-    from pipeline.build import run_build
-    from pipeline.config import BuildConfig
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import BuildConfig
 
     (tmp_path / "in").mkdir()
     for name, keys in (("a", ["k1", "k2"]), ("b", ["k1"])):

@@ -5,13 +5,12 @@ import json
 from collections import Counter
 
 import pyarrow.parquet as pq
-
-from core.tario import iter_tar_samples, safe_key
-from pipeline.build import run_build
-from pipeline.config import BuildConfig, SourceConfig
-from pipeline.sources.images import plan_images
-from pipeline.sources.partitions import plan_videos
-from pipeline.video_data import encode_video
+from mmcurate.core.tario import iter_tar_samples, safe_key
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig, SourceConfig
+from mmcurate.pipeline.sources.images import plan_images
+from mmcurate.pipeline.sources.partitions import plan_videos
+from mmcurate.pipeline.video_data import encode_video
 
 NAMES = {  # file -> frames at 24 fps
     "a.mp4": 48,  # two 1 s clips: a_0000, a_0001

@@ -8,15 +8,14 @@ import tarfile
 
 import pytest
 import webdataset as wds
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.tario import iter_tar_samples
+from mmcurate.pipeline.build import run_build
+from mmcurate.pipeline.config import BuildConfig, SourceConfig
+from mmcurate.pipeline.output.resume import build_identity, claim_output
+from mmcurate.pipeline.sources.partitions import plan_source, read_partition
+from mmcurate.stages.base import DROP
 from PIL import Image
-
-from core.config_io import ConfigError
-from core.tario import iter_tar_samples
-from pipeline.build import run_build
-from pipeline.config import BuildConfig, SourceConfig
-from pipeline.output.resume import build_identity, claim_output
-from pipeline.sources.partitions import plan_source, read_partition
-from stages.base import DROP
 
 
 def config(source: str, out, storage_options=None, **output) -> BuildConfig:

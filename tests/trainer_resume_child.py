@@ -18,22 +18,21 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.distributed.tensor import DTensor
-
-from core.config_io import ConfigError
-from trainer.checkpoint import load_checkpoint
-from trainer.config import TrainConfig
-from trainer.data.batch import Batch
-from trainer.dist.fsdp import is_zero, weights_and_optimizer
-from trainer.dist.world import Dist, barrier, leave, setup_distributed
-from trainer.step import Parts, build_parts, train_step
-from trainer.train_state import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.checkpoint import load_checkpoint
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.batch import Batch
+from mmcurate.trainer.dist.fsdp import is_zero, weights_and_optimizer
+from mmcurate.trainer.dist.world import Dist, barrier, leave, setup_distributed
+from mmcurate.trainer.step import Parts, build_parts, train_step
+from mmcurate.trainer.train_state import (
     LoopState,
     previous_checkpoint,
     restore_state,
     save_shards,
     save_state,
 )
+from torch.distributed.tensor import DTensor
 
 STRATEGIES = {"ddp": ("ddp", False), "zero": ("ddp", True), "fsdp": ("fsdp", False)}
 SAMPLES = 80  # the manifest's (the loader layout a checkpoint records)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mmcurate.core.spill import Spilled, media_bytes, set_task_folder  # noqa: E402
+from mmcurate.stages.registry import build_stage  # noqa: E402
+
 from bench.memwatch import PeakMemory, tree_pss  # noqa: E402
-from core.spill import Spilled, media_bytes, set_task_folder  # noqa: E402
-from stages.registry import build_stage  # noqa: E402
 
 SPECS = {
     "video_frames": {"name": "video_frames", "num_frames": 4, "size": 64},

@@ -1,7 +1,7 @@
-"""`python -m trainer CONFIG.yaml [--set key.path=value ...]`."""
+"""`python -m mmcurate.trainer CONFIG.yaml [--set key.path=value ...]`."""
 
 import sys
 
-from trainer.cli import main
+from mmcurate.trainer.cli import main
 
 sys.exit(main())

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from core.atomic import pid_gone, put_file_atomic
-from core.formats import CHECKPOINT_FORMAT
-from core.storage import filesystem, is_local, join
+from mmcurate.core.atomic import pid_gone, put_file_atomic
+from mmcurate.core.formats import CHECKPOINT_FORMAT
+from mmcurate.core.storage import filesystem, is_local, join
 
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 _PARTIAL = re.compile(r"^\.step-\d+\.pt\.tmp-(\d+)$")  # save_checkpoint's temporary name

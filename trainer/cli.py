@@ -1,4 +1,4 @@
-"""`python -m trainer CONFIG.yaml [--set key.path=value ...]` (also `mmcurate train`)."""
+"""`python -m mmcurate.trainer CONFIG.yaml [--set key.path=value ...]` (also `mmcurate train`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import logging
 import os
 import sys
 
-from core.config_io import ConfigError, add_overrides, one_line
-from trainer.config import load_train_config
-from trainer.data.manifest import ManifestError, read_manifest
-from trainer.outputs import check_output
+from mmcurate.core.config_io import ConfigError, add_overrides, one_line
+from mmcurate.trainer.config import load_train_config
+from mmcurate.trainer.data.manifest import ManifestError, read_manifest
+from mmcurate.trainer.outputs import check_output
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,15 +36,15 @@ def main(argv: list[str] | None = None) -> int:
             read_manifest(url, cfg.storage_options)
         check_output(cfg.run.output)  # here too: a Ray launch would report it from a worker
         if cfg.eval.enabled:  # the eval sets too (this imports torch)
-            from trainer.eval.in_training import eval_config_of, open_sets
+            from mmcurate.trainer.eval.in_training import eval_config_of, open_sets
 
             open_sets(eval_config_of(cfg))
         if cfg.launch.mode == "ray":
-            from trainer.launch import launch_ray
+            from mmcurate.trainer.launch import launch_ray
 
             summary = launch_ray(cfg)
         else:
-            from trainer.train import train
+            from mmcurate.trainer.train import train
 
             summary = train(cfg)
     except (ConfigError, ManifestError) as err:
@@ -61,7 +61,7 @@ def error_line(message: str) -> None:
     """`error: [rank R] message` and its newline in one write to stderr: the ranks of a job
     share a terminal, and a line written in pieces (print's text, then its newline) runs
     into another rank's."""
-    from trainer.dist.world import rank_label  # here: the config checks run without torch
+    from mmcurate.trainer.dist.world import rank_label  # here: the config checks run without torch
 
     line = f"error: {rank_label()}{message}\n"
     sys.stderr.flush()  # what was written before stays before it

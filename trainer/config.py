@@ -9,12 +9,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+from mmcurate.core.config_io import (
+    ConfigError,
+    Strict,
+    describe_validation_error,
+    load_yaml,
+    validate,
+)
+from mmcurate.core.redaction import redact
+from mmcurate.core.storage import absolute
+from mmcurate.trainer.units import parse_size
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
-
-from core.config_io import ConfigError, Strict, describe_validation_error, load_yaml, validate
-from core.redaction import redact
-from core.storage import absolute
-from trainer.units import parse_size
 
 
 def _checked_size(value: str | None) -> str | None:
@@ -122,7 +127,7 @@ class LaunchConfig(Strict):
 def eval_section(name: str, tree: dict[str, Any], where: str) -> Any:
     """`tree` validated as `mmcurate eval`'s section model `name` (trainer/eval/config.py);
     imported only when a run evaluates (it loads torch). A problem is a ConfigError at `where`."""
-    from trainer.eval import config as eval_config
+    from mmcurate.trainer.eval import config as eval_config
 
     try:
         return getattr(eval_config, name).model_validate(tree)
@@ -336,6 +341,6 @@ class TrainConfig(Strict):
         return tree
 
 
-def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+def load_train_config(path: str | Path | dict, overrides: list[str] | None = None) -> TrainConfig:
     """Read YAML, apply `--set` overrides, validate; raises ConfigError with one line."""
     return validate(TrainConfig, load_yaml(path, overrides))

@@ -19,11 +19,11 @@ import os
 from functools import partial
 from typing import Any
 
-from core.storage import filesystem, join
-from trainer.config import TrainConfig
-from trainer.dist.world import RESTARTS_ENV
-from trainer.health.checks import FAULTS_ENV
-from trainer.outputs import is_remote
+from mmcurate.core.storage import filesystem, join
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.dist.world import RESTARTS_ENV
+from mmcurate.trainer.health.checks import FAULTS_ENV
+from mmcurate.trainer.outputs import is_remote
 
 
 class Attempts:
@@ -50,8 +50,7 @@ def train_worker(
     in its run records, where secrets must never be. `env`: the driver's test hook, if set."""
     import ray
     import ray.train
-
-    from trainer.train import train
+    from mmcurate.trainer.train import train
 
     os.environ.update(env or {})
     if attempts is not None:

@@ -24,19 +24,18 @@ from typing import Any, Literal
 
 import open_clip
 import torch
-
-from core.config_io import ConfigError
-from core.model_configs import check_local_dir
-from core.model_configs import register as register_model_configs
-from core.storage import absolute, filesystem, is_local, storage_errors
-from trainer.checkpoint import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.model_configs import check_local_dir
+from mmcurate.core.model_configs import register as register_model_configs
+from mmcurate.core.storage import absolute, filesystem, is_local, storage_errors
+from mmcurate.trainer.checkpoint import (
     checkpoint_step,
     is_train_checkpoint,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from trainer.config import ModelConfig
+from mmcurate.trainer.config import ModelConfig
 
 register_model_configs()  # mmcurate-tiny
 

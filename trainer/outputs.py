@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from core.atomic import put_file_atomic
-from core.config_io import ConfigError
-from core.storage import filesystem, join, protocol_of, remove_tree, with_retries
+from mmcurate.core.atomic import put_file_atomic
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.storage import filesystem, join, protocol_of, remove_tree, with_retries
 
 MIRRORS = Path("~/.cache/mmcurate/runs")
 

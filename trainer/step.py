@@ -14,17 +14,16 @@ from typing import Any
 import open_clip
 import torch
 import torch.nn.functional as F
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.config import OptimConfig, TrainConfig
+from mmcurate.trainer.data.dataset import Batch
+from mmcurate.trainer.dist.fsdp import average_replicated_grads, is_fsdp, shard_model
+from mmcurate.trainer.dist.fsdp import gradient_norm as sharded_gradient_norm
+from mmcurate.trainer.dist.world import Dist
+from mmcurate.trainer.models import build_model
+from mmcurate.trainer.precision import autocast  # noqa: F401  (re-exported: trainer.train names it)
 from open_clip.loss import SigLipLoss
 from torch.nn.parallel import DistributedDataParallel
-
-from core.config_io import ConfigError
-from trainer.config import OptimConfig, TrainConfig
-from trainer.data.dataset import Batch
-from trainer.dist.fsdp import average_replicated_grads, is_fsdp, shard_model
-from trainer.dist.fsdp import gradient_norm as sharded_gradient_norm
-from trainer.dist.world import Dist
-from trainer.models import build_model
-from trainer.precision import autocast  # noqa: F401  (re-exported: trainer.train names it)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

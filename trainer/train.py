@@ -31,26 +31,30 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from tqdm import tqdm
-
-from core.config_io import ConfigError
-from core.storage import join
-from trainer.checkpoint import checkpoint_path, checkpoint_step
-from trainer.config import TrainConfig
-from trainer.data.cache import check_cache_dir
-from trainer.data.dataset import Batch, ShardDataset
-from trainer.data.plan import batches_per_rank
-from trainer.data.prefetch import DevicePrefetcher, timed
-from trainer.dist import sharded
-from trainer.dist.fsdp import weights_and_optimizer
-from trainer.dist.world import Dist, barrier, leave, setup_distributed
-from trainer.eval.in_training import Evaluator, open_evaluator
-from trainer.health.guard import Alerts, Guard, open_alerts
-from trainer.health.telemetry import Telemetry, open_telemetry
-from trainer.models import resolve_weights
-from trainer.outputs import RunLogs, check_output
-from trainer.run_log import LogFiles, Meter, require_tensorboard, tensorboard_writer, trim_log
-from trainer.step import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.storage import join
+from mmcurate.trainer.checkpoint import checkpoint_path, checkpoint_step
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.cache import check_cache_dir
+from mmcurate.trainer.data.dataset import Batch, ShardDataset
+from mmcurate.trainer.data.plan import batches_per_rank
+from mmcurate.trainer.data.prefetch import DevicePrefetcher, timed
+from mmcurate.trainer.dist import sharded
+from mmcurate.trainer.dist.fsdp import weights_and_optimizer
+from mmcurate.trainer.dist.world import Dist, barrier, leave, setup_distributed
+from mmcurate.trainer.eval.in_training import Evaluator, open_evaluator
+from mmcurate.trainer.health.guard import Alerts, Guard, open_alerts
+from mmcurate.trainer.health.telemetry import Telemetry, open_telemetry
+from mmcurate.trainer.models import resolve_weights
+from mmcurate.trainer.outputs import RunLogs, check_output
+from mmcurate.trainer.run_log import (
+    LogFiles,
+    Meter,
+    require_tensorboard,
+    tensorboard_writer,
+    trim_log,
+)
+from mmcurate.trainer.step import (
     Parts,
     accumulated_backward,
     autocast,
@@ -61,14 +65,14 @@ from trainer.step import (
     lr_of,
     planned_steps,
 )
-from trainer.train_data import (
+from mmcurate.trainer.train_data import (
     DEFAULT_CACHE_LIMIT,
     make_dataset,
     make_training_loader,
     read_sources,
     training_transport,
 )
-from trainer.train_state import (
+from mmcurate.trainer.train_state import (
     LoopState,
     announce_restart,
     carry_epoch,
@@ -83,6 +87,7 @@ from trainer.train_state import (
     save_state,
     start_state,
 )
+from tqdm import tqdm
 
 # Names other modules, tests and benches import from here (they moved in the split).
 __all__ = [

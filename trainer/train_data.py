@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config import TrainConfig
-from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-from trainer.data.manifest import Manifest, read_manifest
-from trainer.data.resplit import ResplitDataset
-from trainer.data.ring import Transport, transport
-from trainer.dist.world import Dist
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from mmcurate.trainer.data.manifest import Manifest, read_manifest
+from mmcurate.trainer.data.resplit import ResplitDataset
+from mmcurate.trainer.data.ring import Transport, transport
+from mmcurate.trainer.dist.world import Dist
 
 DEFAULT_CACHE_LIMIT = 100 * 10**9  # when cache_dir is set without cache_limit
 

@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from core.config_io import ConfigError
-from core.storage import join
-from trainer.checkpoint import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.storage import join
+from mmcurate.trainer.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointUnreadable,
     checkpoint_exists,
@@ -30,15 +29,15 @@ from trainer.checkpoint import (
     save_checkpoint,
     sweep_partial_saves,
 )
-from trainer.config import TrainConfig
-from trainer.data.manifest import read_manifest
-from trainer.data.resplit import Split, saved_splits
-from trainer.dist import sharded
-from trainer.dist.fsdp import is_fsdp, load_weights_and_optimizer, weights_and_optimizer
-from trainer.dist.world import Dist, barrier, from_rank0
-from trainer.models import open_clip_state_dict
-from trainer.outputs import remove_run
-from trainer.step import Parts
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.data.resplit import Split, saved_splits
+from mmcurate.trainer.dist import sharded
+from mmcurate.trainer.dist.fsdp import is_fsdp, load_weights_and_optimizer, weights_and_optimizer
+from mmcurate.trainer.dist.world import Dist, barrier, from_rank0
+from mmcurate.trainer.models import open_clip_state_dict
+from mmcurate.trainer.outputs import remove_run
+from mmcurate.trainer.step import Parts
 
 log = logging.getLogger(__name__)
 

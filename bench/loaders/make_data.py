@@ -20,9 +20,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
+from mmcurate.pipeline.runtime.loopback import loopback_only_env  # noqa: E402
 from photos import make_photos  # noqa: E402
-
-from pipeline.runtime.loopback import loopback_only_env  # noqa: E402
 
 os.environ.update(loopback_only_env())  # before Ray loads: nothing leaves loopback
 
@@ -38,9 +37,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import ray
-
-    from pipeline.build import run_build
-    from pipeline.config import BuildConfig
+    from mmcurate.pipeline.build import run_build
+    from mmcurate.pipeline.config import BuildConfig
 
     root = Path(args.out)
     shutil.rmtree(root / "images", ignore_errors=True)

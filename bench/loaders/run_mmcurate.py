@@ -51,7 +51,7 @@ def in_background(batches, depth: int = 2):
     CUDA), so the training thread does not pay the ~3 ms a batch that receiving and freeing
     a batch cost it otherwise (measured here)."""
 
-    from trainer.data.dataset import Batch
+    from mmcurate.trainer.data.dataset import Batch
 
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -119,10 +119,9 @@ def main() -> None:
     name = "mmcurate-gpu-like" if gpu_like else "mmcurate"
     args = common.parse_args(name if ring else f"{name}-no-ring")
     import torch
-
-    from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-    from trainer.data.manifest import read_manifest
-    from trainer.train import DevicePrefetcher
+    from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+    from mmcurate.trainer.data.manifest import read_manifest
+    from mmcurate.trainer.train import DevicePrefetcher
 
     torch.set_num_threads(1)  # as a training process next to its loader workers would
     preprocess, tokenizer = common.transform(args.model)

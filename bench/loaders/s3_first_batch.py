@@ -21,8 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 
 import common  # noqa: E402
-
-from pipeline.runtime.objectstore import LocalS3  # noqa: E402
+from mmcurate.pipeline.runtime.objectstore import LocalS3  # noqa: E402
 
 
 def upload(store: LocalS3, folder: Path, prefix: str) -> None:

@@ -28,9 +28,8 @@ def main() -> None:
     sys.path[:0] = [args.tree, str(HERE)]
     import common
     import torch
-
-    from trainer.data.dataset import ImageTransform, ShardDataset
-    from trainer.data.manifest import read_manifest
+    from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset
+    from mmcurate.trainer.data.manifest import read_manifest
 
     torch.set_num_threads(1)  # as in a loader worker
     preprocess, tokenizer = common.transform(args.model)

@@ -20,22 +20,27 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from core.atomic import write_parquet
-from core.mapreduce import LocalRunner, RayRunner, Runner, partitions_for
-from core.storage import filesystem, remove_tree
-from pipeline.decide.rounds import ROW_ID, apply_round, live_table, shuffle_url, write_decisions
-from pipeline.decide.top_fraction import top_round
-from pipeline.output.groups import (
+from mmcurate.core.atomic import write_parquet
+from mmcurate.core.mapreduce import LocalRunner, RayRunner, Runner, partitions_for
+from mmcurate.core.storage import filesystem, remove_tree
+from mmcurate.pipeline.decide.rounds import (
+    ROW_ID,
+    apply_round,
+    live_table,
+    shuffle_url,
+    write_decisions,
+)
+from mmcurate.pipeline.decide.top_fraction import top_round
+from mmcurate.pipeline.output.groups import (
     Groups,
     gather_group,
     read_fate,
     read_parquet,
     write_fate,
 )
-from stages.base import DROP, DROP_STAGE, Stage
-from stages.lib.decisions import REPEATED_KEYS, KeyedDecision, TopFraction
-from stages.registry import stage_order
+from mmcurate.stages.base import DROP, DROP_STAGE, Stage
+from mmcurate.stages.lib.decisions import REPEATED_KEYS, KeyedDecision, TopFraction
+from mmcurate.stages.registry import stage_order
 
 log = logging.getLogger("mmcurate.decide")
 
@@ -202,6 +207,6 @@ def decide_gathered(groups: Groups, round_name: str, senders: list[int], stage: 
 
 def inner_runner() -> Runner:
     """Ray tasks for a stage's own map-reduce when Ray runs (also inside a task), else here."""
-    from pipeline.runtime.session import ray_running
+    from mmcurate.pipeline.runtime.session import ray_running
 
     return RayRunner() if ray_running() else LocalRunner()

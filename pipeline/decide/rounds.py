@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from core.atomic import write_parquet
-from core.mapreduce import Runner
-from pipeline.output.groups import (
+from mmcurate.core.atomic import write_parquet
+from mmcurate.core.mapreduce import Runner
+from mmcurate.pipeline.output.groups import (
     FATE_COLUMNS,
     Groups,
     read_fate,
@@ -17,8 +16,8 @@ from pipeline.output.groups import (
     read_parquet,
     write_fate,
 )
-from stages.base import DROP, DROP_STAGE
-from stages.lib.decisions import split_by
+from mmcurate.stages.base import DROP, DROP_STAGE
+from mmcurate.stages.lib.decisions import split_by
 
 ROW_ID = ["__key__", "__part__", "__index__"]
 

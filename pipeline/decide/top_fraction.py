@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from pipeline.decide.rounds import ROW_ID, apply_round, write_decisions
-from pipeline.output.groups import Groups, read_fate, read_group
-from stages.base import DROP, DROP_STAGE
-from stages.lib.decisions import TopFraction, top_count
+from mmcurate.pipeline.decide.rounds import ROW_ID, apply_round, write_decisions
+from mmcurate.pipeline.output.groups import Groups, read_fate, read_group
+from mmcurate.stages.base import DROP, DROP_STAGE
+from mmcurate.stages.lib.decisions import TopFraction, top_count
 
 if TYPE_CHECKING:
-    from core.mapreduce import Runner
+    from mmcurate.core.mapreduce import Runner
 
 BUCKETS = 1 << 16
 

@@ -15,12 +15,11 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from core.atomic import write_bytes_atomic
-from core.mapreduce import Runner
-from core.storage import filesystem, join
-from pipeline.config import BuildConfig
-from pipeline.output.signatures import signatures_file
+from mmcurate.core.atomic import write_bytes_atomic
+from mmcurate.core.mapreduce import Runner
+from mmcurate.core.storage import filesystem, join
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.output.signatures import signatures_file
 
 BUCKETS_FILE = "buckets.json"
 BUCKETS_FORMAT = "mmcurate-buckets/1"
@@ -52,7 +51,7 @@ def group_sums(output: str, storage_options: dict, group: int) -> dict[str, list
 
 def buckets_document(stage: Any, sums: list[dict[str, list[float]]]) -> dict[str, Any]:
     """The file's content from the stage (its list and parameters) and the groups' sums."""
-    from stages.lib.buckets import bucket_name
+    from mmcurate.stages.lib.buckets import bucket_name
 
     names = [bucket_name(b) for b in stage.options.bucket_list()]
     total: dict[str, list[float]] = {name: [0, 0.0, 0.0, 0.0] for name in names}
@@ -84,7 +83,7 @@ def buckets_document(stage: Any, sums: list[dict[str, list[float]]]) -> dict[str
 def write_buckets_file(cfg: BuildConfig, group_count: int, runner: Runner) -> None:
     """buckets.json beside the shards when an aspect_buckets stage ran (else nothing);
     after the published signatures, whose fates it counts."""
-    from stages.registry import build_stages
+    from mmcurate.stages.registry import build_stages
 
     stages = [s for s in build_stages(cfg.stages) if s.name == STAGE]
     if not stages:

@@ -16,16 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from core.atomic import open_atomic
-from core.spill import Media, Spilled, media_size, release
-from core.storage import filesystem
-from core.tario import BLOCK, TarWriter, sample_media, write_member
-from pipeline.output.json_fill import JSON_AT
-from pipeline.output.media_index import PartitionMedia, addressed
-from pipeline.output.media_table import payload_digest, record_bytes
-from pipeline.output.resume import Claim
-from pipeline.sources.samples import spilled_in
-from stages.base import DROP, Stage, is_media_column
+from mmcurate.core.atomic import open_atomic
+from mmcurate.core.spill import Media, Spilled, media_size, release
+from mmcurate.core.storage import filesystem
+from mmcurate.core.tario import BLOCK, TarWriter, sample_media, write_member
+from mmcurate.pipeline.output.json_fill import JSON_AT
+from mmcurate.pipeline.output.media_index import PartitionMedia, addressed
+from mmcurate.pipeline.output.media_table import payload_digest, record_bytes
+from mmcurate.pipeline.output.resume import Claim
+from mmcurate.pipeline.sources.samples import spilled_in
+from mmcurate.stages.base import DROP, Stage, is_media_column
 
 
 class ClaimLost(Exception):

@@ -17,10 +17,9 @@ import io
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from core.atomic import write_bytes_atomic, write_parquet
-from core.storage import filesystem, join
-from stages.base import DROP
+from mmcurate.core.atomic import write_bytes_atomic, write_parquet
+from mmcurate.core.storage import filesystem, join
+from mmcurate.stages.base import DROP
 
 EMBEDDING_COLUMNS = {"embedding": "img_emb", "text_embedding": "text_emb"}
 ROWS_PER_FILE = 1_000_000

@@ -10,13 +10,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.config_io import ConfigError
-from core.storage import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.storage import (
     files_in,
     join,
     with_retries,
 )
-from pipeline.output.publish import (
+from mmcurate.pipeline.output.publish import (
     BUILD_ID,
     MANIFEST,
     PUBLISHED_FOLDERS,

@@ -19,11 +19,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from core.atomic import write_parquet
-from core.mapreduce import Runner
-from core.storage import cat_many, filesystem, join, with_retries
-from stages.base import DROP, DROP_STAGE
+from mmcurate.core.atomic import write_parquet
+from mmcurate.core.mapreduce import Runner
+from mmcurate.core.storage import cat_many, filesystem, join, with_retries
+from mmcurate.stages.base import DROP, DROP_STAGE
 
 ROWS_PER_GROUP = 1_000_000  # a group task holds about this many rows' decision columns
 # ... and gathers at most this many partitions' signature files: with `files_per_task: 1` a

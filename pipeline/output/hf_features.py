@@ -19,9 +19,8 @@ import tarfile
 from typing import Any
 
 import pyarrow.parquet as pq
-
-from core.storage import filesystem, join
-from pipeline.output.shard_metadata import FIELDS_KEY, JSON_KEYS_KEY
+from mmcurate.core.storage import filesystem, join
+from mmcurate.pipeline.output.shard_metadata import FIELDS_KEY, JSON_KEYS_KEY
 
 VALUE_TYPES = {"bool": "bool", "int": "int64", "float": "float64", "string": "string"}
 

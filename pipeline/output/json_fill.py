@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.formats import meta_json
-from core.tar_writer import BLOCK, member_header
+from mmcurate.core.formats import meta_json
+from mmcurate.core.tar_writer import BLOCK, member_header
 
 JSON_AT = "__json_at__"  # candidate metadata: the json member's offset in the sample's record
 Piece = tuple[int, int, int] | bytes  # (candidate partition, start, end), or bytes to write

@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from core.atomic import write_parquet
-from core.mapreduce import Runner
-from pipeline.output.groups import (
+from mmcurate.core.atomic import write_parquet
+from mmcurate.core.mapreduce import Runner
+from mmcurate.pipeline.output.groups import (
     KEPT_ROW_GROUP,
     Groups,
     read_fate,
@@ -26,9 +25,9 @@ from pipeline.output.groups import (
     read_rows,
     with_fate,
 )
-from pipeline.output.shard_format import TAR_END_BYTES, shard_name
-from pipeline.output.stats import count_rows
-from stages.base import DROP
+from mmcurate.pipeline.output.shard_format import TAR_END_BYTES, shard_name
+from mmcurate.pipeline.output.stats import count_rows
+from mmcurate.stages.base import DROP
 
 KEPT_COLUMNS = ["__key__", "__part__", "__offset__", "__bytes__"]
 

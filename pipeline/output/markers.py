@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from core.atomic import write_bytes_atomic
-from core.storage import cat_many, filesystem, join
+from mmcurate.core.atomic import write_bytes_atomic
+from mmcurate.core.storage import cat_many, filesystem, join
 
 if TYPE_CHECKING:
-    from pipeline.output.resume import Claim
+    from mmcurate.pipeline.output.resume import Claim
 
 
 def part_marker(work_url: str, part: int) -> str:

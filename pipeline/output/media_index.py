@@ -26,11 +26,16 @@ from multiprocessing.connection import Client, Listener
 from typing import Any
 
 import pyarrow as pa
-
-from core.atomic import write_parquet
-from core.spill import Media, media_size
-from core.storage import join
-from pipeline.output.media_table import ENTRY_BYTES, MIN_PAYLOAD, Location, MediaTable, media_name
+from mmcurate.core.atomic import write_parquet
+from mmcurate.core.spill import Media, media_size
+from mmcurate.core.storage import join
+from mmcurate.pipeline.output.media_table import (
+    ENTRY_BYTES,
+    MIN_PAYLOAD,
+    Location,
+    MediaTable,
+    media_name,
+)
 
 log = logging.getLogger("mmcurate.build")
 
@@ -276,7 +281,7 @@ def committed_payloads(
     candidates_url: str, parts: list[int], storage_options: dict
 ) -> list[tuple[bytes, int, int, int]]:
     """The stored payloads of done partitions (their media files): the index on resume."""
-    from pipeline.output.groups import read_parquet
+    from mmcurate.pipeline.output.groups import read_parquet
 
     entries = []
     for part in parts:
@@ -295,8 +300,8 @@ def start_run_index(claim: Any, done: set[int], todo: list[dict], output: Any) -
     pool is the runtime."""
     if not output.store_copies_once or not todo:
         return None
-    from pipeline.output.markers import done_records
-    from pipeline.runtime.session import local_pool
+    from mmcurate.pipeline.output.markers import done_records
+    from mmcurate.pipeline.runtime.session import local_pool
 
     records = done_records(claim, "parts")
     with_media = sorted(p for p in done if records.get(f"part-{p:06d}", {}).get("media"))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import threading
 
-from core.spill import COPY_BLOCK, Media, Spilled
-from core.tar_writer import BLOCK, member_header
+from mmcurate.core.spill import COPY_BLOCK, Media, Spilled
+from mmcurate.core.tar_writer import BLOCK, member_header
 
 ENTRY_BYTES = 200  # about what one digest and its location hold in the table (measured)
 

@@ -13,15 +13,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from core.formats import MANIFEST_FORMAT
-from core.mapreduce import Runner
-from pipeline.output.embeddings import EMBEDDING_COLUMNS, ROWS_PER_FILE, write_embeddings
-from pipeline.output.groups import Groups, conform, read_fate, read_group, with_fate
-from pipeline.output.layout import shard_of_rows
-from pipeline.output.shard_format import shard_name
-from pipeline.output.signatures import signatures_file, write_signatures
-from stages.base import DROP
+from mmcurate.core.formats import MANIFEST_FORMAT
+from mmcurate.core.mapreduce import Runner
+from mmcurate.pipeline.output.embeddings import EMBEDDING_COLUMNS, ROWS_PER_FILE, write_embeddings
+from mmcurate.pipeline.output.groups import Groups, conform, read_fate, read_group, with_fate
+from mmcurate.pipeline.output.layout import shard_of_rows
+from mmcurate.pipeline.output.shard_format import shard_name
+from mmcurate.pipeline.output.signatures import signatures_file, write_signatures
+from mmcurate.stages.base import DROP
 
 MANIFEST = "manifest.json"
 BUILD_ID = re.compile(r"[0-9a-f]{64}")

@@ -22,12 +22,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from core.atomic import create_bytes, write_bytes_atomic
-from core.config_io import ConfigError
-from core.redaction import redact
-from core.storage import files_in, filesystem, join, remove_tree, with_retries
-from pipeline.config import BuildConfig
-from pipeline.output.existing import (
+from mmcurate.core.atomic import create_bytes, write_bytes_atomic
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.redaction import redact
+from mmcurate.core.storage import files_in, filesystem, join, remove_tree, with_retries
+from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.output.existing import (
     BUILD_FILE,
     TOOL,
     WORK_DIR,
@@ -38,7 +38,7 @@ from pipeline.output.existing import (
     read_json,
     relative,
 )
-from pipeline.output.publish import (
+from mmcurate.pipeline.output.publish import (
     MANIFEST,
 )
 

@@ -26,11 +26,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from core.mapreduce import LocalRunner, Runner
-from core.storage import filesystem, join, with_retries
-from pipeline.output.groups import Groups
-from pipeline.output.shard_refs import referred_shards
-from pipeline.output.shards import candidate_name
+from mmcurate.core.mapreduce import LocalRunner, Runner
+from mmcurate.core.storage import filesystem, join, with_retries
+from mmcurate.pipeline.output.groups import Groups
+from mmcurate.pipeline.output.shard_refs import referred_shards
+from mmcurate.pipeline.output.shards import candidate_name
 
 log = logging.getLogger("mmcurate.build")
 

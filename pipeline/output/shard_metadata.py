@@ -12,15 +12,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from core.formats import sample_meta
-from core.mapreduce import Runner
-from core.storage import (
+from mmcurate.core.formats import sample_meta
+from mmcurate.core.mapreduce import Runner
+from mmcurate.core.storage import (
     filesystem,
     join,
     with_retries,
 )
-from pipeline.output.json_fill import JSON_AT, json_keys
+from mmcurate.pipeline.output.json_fill import JSON_AT, json_keys
 
 FIELDS_KEY = b"mmcurate.fields"  # in a candidate metadata file's footer: its field kinds
 JSON_KEYS_KEY = b"mmcurate.json_keys"  # ... and the keys of its samples' json objects

@@ -17,13 +17,12 @@ import bisect
 from typing import Any
 
 import pyarrow.compute as pc
-
-from core.storage import join
-from core.tar_writer import BLOCK, member_header
-from pipeline.output.groups import Groups, read_parquet
-from pipeline.output.json_fill import Fill, apply_fill
-from pipeline.output.media_table import media_name, record_bytes
-from pipeline.output.resume import Claim
+from mmcurate.core.storage import join
+from mmcurate.core.tar_writer import BLOCK, member_header
+from mmcurate.pipeline.output.groups import Groups, read_parquet
+from mmcurate.pipeline.output.json_fill import Fill, apply_fill
+from mmcurate.pipeline.output.media_table import media_name, record_bytes
+from mmcurate.pipeline.output.resume import Claim
 
 Piece = tuple[int, int, int] | bytes  # (candidate partition, start, end), or bytes to write
 REF_COLUMNS = ["key", "ext", "stored", "part", "offset", "size", "at"]
@@ -31,7 +30,7 @@ REF_COLUMNS = ["key", "ext", "stored", "part", "offset", "size", "at"]
 
 def referring_parts(claim: Claim) -> dict[int, list[int]]:
     """Partitions holding references -> the other partitions they refer to (done markers)."""
-    from pipeline.output.markers import done_records
+    from mmcurate.pipeline.output.markers import done_records
 
     found = {}
     for record in done_records(claim, "parts").values():

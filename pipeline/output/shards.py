@@ -20,11 +20,11 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
-from core.atomic import open_atomic, write_parquet
-from core.storage import filesystem, is_local, join, with_retries
-from pipeline.output.json_fill import shard_fills
-from pipeline.output.shard_format import TAR_END_BYTES, shard_name
-from pipeline.output.shard_metadata import metadata_row, metadata_table, spec_records
+from mmcurate.core.atomic import open_atomic, write_parquet
+from mmcurate.core.storage import filesystem, is_local, join, with_retries
+from mmcurate.pipeline.output.json_fill import shard_fills
+from mmcurate.pipeline.output.shard_format import TAR_END_BYTES, shard_name
+from mmcurate.pipeline.output.shard_metadata import metadata_row, metadata_table, spec_records
 
 HASH_CHUNK = 1 << 20  # bytes of a local candidate hashed per read
 COPY_BLOCK = 8 << 20  # bytes per ranged read when a shard is copied from an object store
@@ -87,7 +87,7 @@ def copy_spans(candidates_url: str, spec: dict, storage_options: dict, out: Hash
         if part not in refs and part not in fills:
             copy_runs(candidates_url, part, merged_runs(spans), storage_options, out)
             continue
-        from pipeline.output.shard_refs import part_pieces, runs_of
+        from mmcurate.pipeline.output.shard_refs import part_pieces, runs_of
 
         pieces = part_pieces(part, spans, refs.get(part, {}), fills.get(part))
         for group in runs_of(pieces):

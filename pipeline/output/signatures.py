@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-
-from core.atomic import write_parquet
-from core.storage import join
-from pipeline.output.embeddings import EMBEDDING_COLUMNS
-from stages.base import DROP, DROP_STAGE, is_media_column
+from mmcurate.core.atomic import write_parquet
+from mmcurate.core.storage import join
+from mmcurate.pipeline.output.embeddings import EMBEDDING_COLUMNS
+from mmcurate.stages.base import DROP, DROP_STAGE, is_media_column
 
 # plus every media column (is_media_column); `__json_at__` goes to the candidate metadata
 NOT_SIGNATURE = {"txt", "json", "__json_at__"}

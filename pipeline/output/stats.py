@@ -9,11 +9,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from pipeline.sources.samples import SOURCE
-from stages.base import DROP, DROP_STAGE, Stage
-from stages.clip_split import CLIP_SLOTS
-from stages.registry import stage_order
+from mmcurate.pipeline.sources.samples import SOURCE
+from mmcurate.stages.base import DROP, DROP_STAGE, Stage
+from mmcurate.stages.clip_split import CLIP_SLOTS
+from mmcurate.stages.registry import stage_order
 
 
 def count_rows(table: pa.Table, timing: dict[str, str]) -> dict[str, Any]:

@@ -7,9 +7,9 @@ import html
 import json
 from typing import Any
 
-from core.storage import join
-from pipeline.output.buckets_file import BUCKETS_FILE
-from pipeline.report.charts import bar_chart
+from mmcurate.core.storage import join
+from mmcurate.pipeline.output.buckets_file import BUCKETS_FILE
+from mmcurate.pipeline.report.charts import bar_chart
 
 
 def bucket_section(fs: Any, root: str) -> str:

@@ -25,14 +25,19 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 import pyarrow.parquet as pq
+from mmcurate.core.atomic import write_bytes_atomic
+from mmcurate.core.storage import filesystem, join
+from mmcurate.core.tario import (
+    EXT_ALIASES,
+    group_samples,
+    read_exact,
+    regular_member,
+    split_member_name,
+)
+from mmcurate.pipeline.report.buckets import bucket_section
+from mmcurate.pipeline.report.charts import bar_chart, histogram
+from mmcurate.stages.base import IMAGE_COLUMNS
 from PIL import Image
-
-from core.atomic import write_bytes_atomic
-from core.storage import filesystem, join
-from core.tario import EXT_ALIASES, group_samples, read_exact, regular_member, split_member_name
-from pipeline.report.buckets import bucket_section
-from pipeline.report.charts import bar_chart, histogram
-from stages.base import IMAGE_COLUMNS
 
 SCAN_BYTES = 64 << 20
 THUMB = 128

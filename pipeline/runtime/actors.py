@@ -17,9 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from core.config_io import ConfigError
-from stages.base import Stage
+from mmcurate.core.config_io import ConfigError
+from mmcurate.stages.base import Stage
 
 log = logging.getLogger("mmcurate.actors")
 
@@ -36,7 +35,7 @@ class ModelActor:
         if loader is not None:  # the stage's own model (recaption's captioner), given a device
             self.model = loader(device)
             return
-        from stages.lib.clip_model import ClipModel  # here: builds without a model skip it
+        from mmcurate.stages.lib.clip_model import ClipModel  # here: builds without a model skip it
 
         self.model = ClipModel(name, pretrained, device, precision)
 
@@ -67,7 +66,7 @@ class RemoteEncoder:
         return handle
 
     def prepare(self, images: list[bytes]) -> tuple[list, list]:
-        from stages.lib.clip_model import prepare_images
+        from mmcurate.stages.lib.clip_model import prepare_images
 
         return prepare_images(images, self.transform, self.side)
 
@@ -115,7 +114,7 @@ def start_pools(stages: list[Stage]) -> dict[int, RemoteEncoder]:
     """Start the actor pools the stages ask for; returns an encoder per stage index. A pool
     that cannot be placed or loaded fails the build in one line, and stops what it started.
     On the local runtime there are none (it is chosen only when no stage wants a pool)."""
-    from pipeline.runtime.session import gpus_present, local_pool
+    from mmcurate.pipeline.runtime.session import gpus_present, local_pool
 
     if local_pool() is not None:
         check_devices(stages, gpus_present(), "this machine")

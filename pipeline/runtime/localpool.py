@@ -29,9 +29,9 @@ from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from core.mapreduce import MapFn, ReduceFn, check_partitions
-from core.progress import INTERVAL_S, Counters, channel
-from pipeline.runtime.zygote import Zygote
+from mmcurate.core.mapreduce import MapFn, ReduceFn, check_partitions
+from mmcurate.core.progress import INTERVAL_S, Counters, channel
+from mmcurate.pipeline.runtime.zygote import Zygote
 
 log = logging.getLogger("mmcurate.localpool")
 

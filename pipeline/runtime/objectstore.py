@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pipeline.runtime.objectstore_probe import (
+from mmcurate.pipeline.runtime.objectstore_probe import (
     disk_too_full,
     probe_filesystem,
     write_and_remove_probe,

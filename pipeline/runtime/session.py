@@ -18,16 +18,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mmcurate.core import progress as task_progress
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.mapreduce import RayRunner, Runner
+from mmcurate.pipeline.config import RayConfig
 from tqdm import tqdm
 
-from core import progress as task_progress
-from core.config_io import ConfigError
-from core.mapreduce import RayRunner, Runner
-from pipeline.config import RayConfig
-
 if TYPE_CHECKING:
-    from pipeline.config import BuildConfig
-    from pipeline.runtime.localpool import LocalPool
+    from mmcurate.pipeline.config import BuildConfig
+    from mmcurate.pipeline.runtime.localpool import LocalPool
 
 log = logging.getLogger("mmcurate.runtime")
 
@@ -52,7 +51,7 @@ def wants_ray(cfg: BuildConfig) -> str | None:
         return "ray.address (or RAY_ADDRESS) names a cluster"
     if cfg.ray.resources:
         return "ray.resources asks for custom resources"
-    from stages.registry import build_stages
+    from mmcurate.stages.registry import build_stages
 
     for stage in build_stages(cfg.stages):
         opts = stage.options
@@ -80,7 +79,7 @@ def prestart(cfg: BuildConfig) -> str:
     fork at once (they inherit the imported stages). Returns the runtime's name."""
     kind = choose_runtime(cfg)
     if kind == "local" and not _POOL:
-        from pipeline.runtime.localpool import LocalPool
+        from mmcurate.pipeline.runtime.localpool import LocalPool
 
         warm_imports()
         # One worker forks now, warm while the driver plans; the rest as tasks need them
@@ -105,7 +104,7 @@ def connect(cfg: RayConfig) -> None:
     if _POOL:
         return
     if cfg.runtime == "local":
-        from pipeline.runtime.localpool import LocalPool
+        from mmcurate.pipeline.runtime.localpool import LocalPool
 
         _POOL.append(LocalPool(cfg.num_cpus or os.cpu_count() or 1, start=0))
         return
@@ -133,7 +132,7 @@ def runner(task_bytes: int) -> Runner:
     """What global stages and shard planning fan out on: the local pool's runner when the
     local runtime is up, else Ray's, with about `task_bytes` held by each call."""
     if _POOL:
-        from pipeline.runtime.localpool import PoolRunner
+        from mmcurate.pipeline.runtime.localpool import PoolRunner
 
         return PoolRunner(_POOL[0])
     return WindowRunner(task_bytes)

@@ -12,9 +12,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from core.spill import Spilled, spill_stream
-from core.storage import cat_many, is_local, transient_errors, with_retries
-from pipeline.sources.samples import Reading
+from mmcurate.core.spill import Spilled, spill_stream
+from mmcurate.core.storage import cat_many, is_local, transient_errors, with_retries
+from mmcurate.pipeline.sources.samples import Reading
 
 Fetched = bytes | Spilled | Exception
 

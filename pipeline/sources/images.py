@@ -9,18 +9,18 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from core.config_io import ConfigError
-from core.formats import meta_json
-from core.storage import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.formats import meta_json
+from mmcurate.core.storage import (
     filesystem,
     find_versions,
     protocol_of,
     with_protocol,
 )
-from core.tario import EXT_ALIASES, safe_key, text_name
-from pipeline.config import SourceConfig
-from pipeline.sources.files import fetch_files, file_groups, file_sizes
-from pipeline.sources.samples import (
+from mmcurate.core.tario import EXT_ALIASES, safe_key, text_name
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.files import fetch_files, file_groups, file_sizes
+from mmcurate.pipeline.sources.samples import (
     SOURCE,
     WHOLE,
     Reading,
@@ -29,11 +29,11 @@ from pipeline.sources.samples import (
     empty_batch,
     whole_batch,
 )
-from pipeline.sources.videos import (
+from mmcurate.pipeline.sources.videos import (
     disambiguate_keys,
 )
-from pipeline.sources.webdataset import member_meta
-from stages.base import DROP, DROP_STAGE, Columns
+from mmcurate.pipeline.sources.webdataset import member_meta
+from mmcurate.stages.base import DROP, DROP_STAGE, Columns
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
 

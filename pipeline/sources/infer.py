@@ -29,8 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-
-from pipeline.sources.csv_lists import BAD_ROW, parse_options, read_csv_rows
+from mmcurate.pipeline.sources.csv_lists import BAD_ROW, parse_options, read_csv_rows
 
 BLOCK = 1 << 20  # bytes of text parsed at once by pyarrow
 STREAM_BLOCK = 256 << 10  # bytes pyarrow's streaming csv reader parses at once (counting rows)

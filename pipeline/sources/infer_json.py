@@ -15,10 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
-
-from pipeline.sources.csv_lists import BAD_ROW
-from pipeline.sources.infer import GROUP_ROWS, WIDE, ListShape, line_blocks
-from pipeline.sources.ranges import JSON_SPACE, text_array
+from mmcurate.pipeline.sources.csv_lists import BAD_ROW
+from mmcurate.pipeline.sources.infer import GROUP_ROWS, WIDE, ListShape, line_blocks
+from mmcurate.pipeline.sources.ranges import JSON_SPACE, text_array
 
 log = logging.getLogger("mmcurate.sources")
 

@@ -11,27 +11,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from core.storage import (
+from mmcurate.core.storage import (
     filesystem,
     is_glob,
 )
-from pipeline.config import SourceConfig
-from pipeline.sources.images import image_chunks, plan_images
-from pipeline.sources.samples import (
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.images import image_chunks, plan_images
+from mmcurate.pipeline.sources.samples import (
     WHOLE,
     Reading,
     whole_batch,
 )
-from pipeline.sources.urls import plan_urls, read_urls
-from pipeline.sources.videos import (
+from mmcurate.pipeline.sources.urls import plan_urls, read_urls
+from mmcurate.pipeline.sources.videos import (
     VIDEO_EXTS,
     is_list_file,
     plan_video_glob,
     plan_video_list,
     video_list_chunks,
 )
-from pipeline.sources.webdataset import plan_webdataset, webdataset_chunks
-from stages.base import Columns
+from mmcurate.pipeline.sources.webdataset import plan_webdataset, webdataset_chunks
+from mmcurate.stages.base import Columns
 
 
 def plan_videos(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:

@@ -35,8 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
-
-from pipeline.sources.csv_lists import BAD_ROW, read_csv_rows, with_bad_row_column
+from mmcurate.pipeline.sources.csv_lists import BAD_ROW, read_csv_rows, with_bad_row_column
 
 BLOCK = 256 << 10  # bytes per read of the planning scan (its numpy arrays: ~30x that)
 NEWLINE, CR = 10, 13

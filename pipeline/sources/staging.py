@@ -25,10 +25,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from core.atomic import write_bytes_atomic
-from core.storage import filesystem, join, with_protocol, with_retries
-from pipeline.sources.tables import file_format, read_table
+from mmcurate.core.atomic import write_bytes_atomic
+from mmcurate.core.storage import filesystem, join, with_protocol, with_retries
+from mmcurate.pipeline.sources.tables import file_format, read_table
 
 log = logging.getLogger("mmcurate.sources")
 STAGE_FOLDER = "source"

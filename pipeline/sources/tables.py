@@ -15,10 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-
-from core.config_io import ConfigError
-from pipeline.sources.csv_lists import parse_options, read_csv_rows
-from pipeline.sources.ranges import json_table, widened
+from mmcurate.core.config_io import ConfigError
+from mmcurate.pipeline.sources.csv_lists import parse_options, read_csv_rows
+from mmcurate.pipeline.sources.ranges import json_table, widened
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
 

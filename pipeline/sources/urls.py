@@ -28,11 +28,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from core.config_io import ConfigError, one_line
-from core.formats import meta_json
-from core.pandas_probe import pandas_for_nanoseconds
-from core.storage import (
+from mmcurate.core.config_io import ConfigError, one_line
+from mmcurate.core.formats import meta_json
+from mmcurate.core.pandas_probe import pandas_for_nanoseconds
+from mmcurate.core.storage import (
     filesystem,
     matching,
     protocol_of,
@@ -40,11 +39,11 @@ from core.storage import (
     with_protocol,
     with_retries,
 )
-from pipeline.config import SourceConfig
-from pipeline.sources.csv_lists import BAD_ROW
-from pipeline.sources.infer import ListShape, csv_names, csv_rows, csv_schema
-from pipeline.sources.infer_json import json_shape
-from pipeline.sources.ranges import (
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.csv_lists import BAD_ROW
+from mmcurate.pipeline.sources.infer import ListShape, csv_names, csv_rows, csv_schema
+from mmcurate.pipeline.sources.infer_json import json_shape
+from mmcurate.pipeline.sources.ranges import (
     binary_where_not_utf8,
     group_starts,
     groups_for,
@@ -53,10 +52,10 @@ from pipeline.sources.ranges import (
     read_row_groups,
     scan_rows,
 )
-from pipeline.sources.samples import SOURCE, append_sample, decode_caption, empty_batch
-from pipeline.sources.staging import stage_folder
-from pipeline.sources.tables import file_format, is_empty, opener, read_table
-from stages.base import DROP, DROP_STAGE
+from mmcurate.pipeline.sources.samples import SOURCE, append_sample, decode_caption, empty_batch
+from mmcurate.pipeline.sources.staging import stage_folder
+from mmcurate.pipeline.sources.tables import file_format, is_empty, opener, read_table
+from mmcurate.stages.base import DROP, DROP_STAGE
 
 KEY_DIGITS = 9
 OWN_FIELDS = ("key", "url", "caption")  # the sample's in <key>.json; a list's: `source_<name>`

@@ -17,14 +17,14 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from core.config_io import ConfigError
-from core.pandas_probe import pandas_for_nanoseconds
-from core.storage import GLOB_CHARS, filesystem, protocol_of, store_version, with_protocol
-from core.tario import safe_key
-from pipeline.config import SourceConfig
-from pipeline.sources.csv_lists import BAD_ROW
-from pipeline.sources.files import fetch_files, file_groups, file_sizes
-from pipeline.sources.samples import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.pandas_probe import pandas_for_nanoseconds
+from mmcurate.core.storage import GLOB_CHARS, filesystem, protocol_of, store_version, with_protocol
+from mmcurate.core.tario import safe_key
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.csv_lists import BAD_ROW
+from mmcurate.pipeline.sources.files import fetch_files, file_groups, file_sizes
+from mmcurate.pipeline.sources.samples import (
     SOURCE,
     WHOLE,
     Reading,
@@ -33,8 +33,8 @@ from pipeline.sources.samples import (
     empty_batch,
     whole_batch,
 )
-from pipeline.sources.tables import FORMATS, file_format, read_table
-from stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Columns
+from mmcurate.pipeline.sources.tables import FORMATS, file_format, read_table
+from mmcurate.stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Columns
 
 VIDEO_EXTS = set(VIDEO_COLUMNS)
 # A key clip_split makes, `<key>_0000` (stages/clip_split.py; up to 5 digits: max_clips)

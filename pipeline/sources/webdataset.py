@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from core.config_io import ConfigError
-from core.formats import meta_json
-from core.storage import (
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.formats import meta_json
+from mmcurate.core.storage import (
     filesystem,
     is_glob,
     is_local,
@@ -23,9 +23,9 @@ from core.storage import (
     transient_errors,
     with_protocol,
 )
-from core.tario import LINKS, SpillTo, iter_tar_samples, safe_key, text_name
-from pipeline.config import SourceConfig
-from pipeline.sources.samples import (
+from mmcurate.core.tario import LINKS, SpillTo, iter_tar_samples, safe_key, text_name
+from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.samples import (
     SOURCE,
     WHOLE,
     Chunker,
@@ -34,7 +34,7 @@ from pipeline.sources.samples import (
     sanitize_key,
     whole_batch,
 )
-from stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Columns
+from mmcurate.stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Columns
 
 
 def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:

@@ -21,12 +21,11 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from mmcurate.core.config_io import ConfigError
+from mmcurate.stages.lib.captioner_check import LOAD_ERRORS, model_class
+from mmcurate.stages.lib.captioner_check import check_captioner as check_captioner  # its old home
+from mmcurate.stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, upright
 from PIL import Image
-
-from core.config_io import ConfigError
-from stages.lib.captioner_check import LOAD_ERRORS, model_class
-from stages.lib.captioner_check import check_captioner as check_captioner  # its old home
-from stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, upright
 
 
 @dataclass(frozen=True)
@@ -171,7 +170,7 @@ class Captioner:
     """One loaded image-to-text model: `caption` uint8 pixels (from `prepare_pixels`)."""
 
     def __init__(self, folder: str, device: str = "auto", precision: str = "auto") -> None:
-        from stages.lib.clip_model import resolve_device
+        from mmcurate.stages.lib.clip_model import resolve_device
 
         self.device = resolve_device(device)
         self.model, self.processor = load_captioner(folder, self.device, precision)
@@ -236,7 +235,7 @@ class RecaptionModel:
     candidates when a clip_score stage is configured (`clip`: model, pretrained, precision)."""
 
     def __init__(self, device: str, folder: str, precision: str, clip: tuple | None = None) -> None:
-        from stages.lib.clip_model import cached_model
+        from mmcurate.stages.lib.clip_model import cached_model
 
         self.captioner = Captioner(folder, device, precision)
         self.clip = None

@@ -23,7 +23,7 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
-from core.config_io import ConfigError
+from mmcurate.core.config_io import ConfigError
 
 LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError)
 HEADER_MAX = 100_000_000  # safetensors' own cap on a header

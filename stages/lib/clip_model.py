@@ -18,10 +18,9 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-
-from core.config_io import ConfigError
-from core.formats import CHECKPOINT_FORMAT
-from stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, upright
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.formats import CHECKPOINT_FORMAT
+from mmcurate.stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, upright
 
 
 def resolve_device(device: str) -> str:
@@ -36,8 +35,7 @@ def load_open_clip(name: str, pretrained: str | None, device: str) -> tuple[Any,
     """(model in eval mode, eval transform, tokenizer); raises ConfigError in one line."""
     import open_clip
     import torch
-
-    from core.model_configs import check_local_dir, register
+    from mmcurate.core.model_configs import check_local_dir, register
 
     register()  # mmcurate-tiny
 

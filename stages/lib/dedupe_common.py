@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from stages.base import DROP
+from mmcurate.stages.base import DROP
 
 Decisions = dict[str, tuple[str, str | None]]
 

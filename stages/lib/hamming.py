@@ -22,13 +22,12 @@ from collections.abc import Iterator
 from functools import lru_cache
 
 import numpy as np
-
-from stages.lib.hamming_lsh import (
+from mmcurate.stages.lib.hamming_lsh import (
     first_found_here,
     group_pairs,
     rows_window_pairs,
 )
-from stages.lib.hamming_plan import TablePlan
+from mmcurate.stages.lib.hamming_plan import TablePlan
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes the uint64 values
 LOW = np.uint64(0xFFFFFFFF)  # the position half of a packed (digest, position)

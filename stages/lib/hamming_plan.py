@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
-
-from stages.lib.hamming_lsh import (
+from mmcurate.stages.lib.hamming_lsh import (
     even_rotations,
     group_recall,
     groups_needed,

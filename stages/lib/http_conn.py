@@ -14,8 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from stages.lib.fetch_policy import FetchPolicy
-from stages.lib.resolver import Resolver
+from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.resolver import Resolver
 
 
 def time_left(deadline: float) -> float:

@@ -18,13 +18,14 @@ import random
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.spill import Media, MemoryBudget, Spilled, SpillingBuffer, release
-from stages.lib.fetch_policy import FetchPolicy
-from stages.lib.http_conn import Connections, DeadlineResponse, time_left
-from stages.lib.url_guard import Failed, Target, parse_url, redirect_target, vet_addresses
+from mmcurate.core.spill import Media, MemoryBudget, Spilled, SpillingBuffer, release
+from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.http_conn import Connections, DeadlineResponse, time_left
+from mmcurate.stages.lib.url_guard import Failed, Target, parse_url, redirect_target, vet_addresses
 
 REDIRECTS = {301, 302, 303, 307, 308}
 RETRYABLE = {429, 500, 502, 503, 504}
@@ -54,9 +55,11 @@ class Fetched:
 class SpillTo:
     """Where bodies go that must not stay in memory: a body above `spill_bytes`, or one that
     finds the `budget` (the bytes a chunk may hold, shared by the fetching threads) spent, is
-    streamed to a new file of `folder` and comes back as a Spilled value."""
+    streamed to a new file of `folder` and comes back as a Spilled value. `folder` may be a
+    function giving it (the task's), called only once a body goes to disk: a stage called
+    outside a build makes no folder it does not need."""
 
-    folder: str
+    folder: str | Callable[[], str]
     spill_bytes: int | None
     budget: MemoryBudget
 

@@ -13,10 +13,9 @@ better than with the whole frame) and the 32x32 grey thumbnail the hash was comp
 from __future__ import annotations
 
 import numpy as np
+from mmcurate.core.spill import Spilled
+from mmcurate.stages.lib.pixels import open_image, to_grey, upright
 from PIL import Image
-
-from core.spill import Spilled
-from stages.lib.pixels import open_image, to_grey, upright
 
 PHASH_SIDE = 32
 LOW = 8

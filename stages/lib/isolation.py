@@ -20,7 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from core import progress
+from mmcurate.core import progress
 
 
 class CallTimeout(Exception):
@@ -54,7 +54,13 @@ class Isolated:
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "stages.lib.isolation", str(to_child_r), str(from_child_w)],
+            [
+                sys.executable,
+                "-m",
+                "mmcurate.stages.lib.isolation",
+                str(to_child_r),
+                str(from_child_w),
+            ],
             pass_fds=(to_child_r, from_child_w),
             env=env,
             stdin=subprocess.DEVNULL,

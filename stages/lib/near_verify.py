@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from stages.lib.thumb_match import mismatch, thumbnails
+from mmcurate.stages.lib.thumb_match import mismatch, thumbnails
 
 
 def class_leaders(inverse: np.ndarray, rank: np.ndarray, classes: int) -> np.ndarray:

@@ -19,10 +19,9 @@ import io
 from typing import Any
 
 import numpy as np
+from mmcurate.core.image_errors import PIL_DECODE_ERRORS
+from mmcurate.core.spill import Spilled
 from PIL import Image
-
-from core.image_errors import PIL_DECODE_ERRORS
-from core.spill import Spilled
 
 DECODE_ERRORS = PIL_DECODE_ERRORS  # a per-sample `decode_error`, never a failed task
 # A spilled image (a file above source.spill_bytes, core/spill.py) is decoded from disk, never

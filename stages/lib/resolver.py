@@ -21,7 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from queue import SimpleQueue
 from typing import Any
 
-from stages.lib.url_guard import Failed
+from mmcurate.stages.lib.url_guard import Failed
 
 Lookup = Callable[..., list[tuple[Any, ...]]]
 

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from stages.lib.text_count import KANA
+from mmcurate.stages.lib.text_count import KANA
 
 # fastText lid.176 labels (ISO 639 codes as the model writes them).
 LID176_CODES = frozenset(

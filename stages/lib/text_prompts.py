@@ -8,9 +8,8 @@ from small classifiers on the same embeddings); here they are columns `concept_<
 from __future__ import annotations
 
 import numpy as np
+from mmcurate.core.config_io import Strict
 from pydantic import Field, model_validator
-
-from core.config_io import Strict
 
 LOGIT_SCALE = 100.0
 

@@ -8,7 +8,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
-from stages.lib.text_count import NO_SPACES, tokens
+from mmcurate.stages.lib.text_count import NO_SPACES, tokens
 
 # Whole captions that are a generic word (alt-text boilerplate), after casefolding and
 # stripping surrounding punctuation and a trailing number ("image 3", "untitled-1").

@@ -19,17 +19,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from PIL import Image
-
-from core.progress import report
-from core.spill import Media
-from stages.lib.video_probe import (  # noqa: F401  (display_rotation: imported from here)
+from mmcurate.core.progress import report
+from mmcurate.core.spill import Media
+from mmcurate.stages.lib.video_probe import (  # noqa: F401  (display_rotation: imported from here)
     NoVideoStream,
     display_rotation,
     may_be_rotated,
     media_source,
     refuse_images,
 )
+from PIL import Image
 
 FAULT_TOLERANCE = 0.05  # more than 5% recovered (repeated) frames is an error
 MAX_FRAMES = 999  # frame columns are 000.jpg .. 998.jpg; longer plans are thinned evenly

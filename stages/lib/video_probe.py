@@ -13,7 +13,7 @@ import io
 from collections.abc import Iterator
 from typing import IO
 
-from core.spill import Media, Spilled, media_size, open_media
+from mmcurate.core.spill import Media, Spilled, media_size, open_media
 
 # An MP4/MOV track header's matrix when the track is shown as stored (16.16 and 2.30 fixed)
 IDENTITY = bytes.fromhex("00010000" + "00000000" * 3 + "00010000" + "00000000" * 3 + "40000000")
@@ -43,7 +43,7 @@ def head_bytes(value: Media, size: int) -> bytes:
 def refuse_images(value: Media) -> None:
     """NoVideoStream for a still image under a video's name (a JPEG saved as .mp4): FFmpeg
     opens it as a one-frame video, and the build kept a `.mp4` member holding a JPEG."""
-    from stages.lib.http_fetch import sniff  # the image signatures downloads check
+    from mmcurate.stages.lib.http_fetch import sniff  # the image signatures downloads check
 
     if sniff(head_bytes(value, 16)) is not None:
         raise NoVideoStream("an image, not a video")

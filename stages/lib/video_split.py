@@ -26,10 +26,9 @@ from typing import Any, NamedTuple
 
 import av
 import numpy as np
-
-from core.progress import report
-from core.spill import Media, Spilled
-from stages.lib.video_decode import (
+from mmcurate.core.progress import report
+from mmcurate.core.spill import Media, Spilled
+from mmcurate.stages.lib.video_decode import (
     NoFrames,
     NoVideoStream,
     Watched,

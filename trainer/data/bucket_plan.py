@@ -33,8 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from trainer.data.plan import Layout, Piece, Segment, consumed_per_worker, worker_batches
+from mmcurate.trainer.data.plan import Layout, Piece, Segment, consumed_per_worker, worker_batches
 
 NO_BUCKET = -1  # the label of a sample the metadata gives no bucket
 READ_PAST = 32  # gaps of up to this many positions in a shard are read through, not reopened

@@ -32,10 +32,8 @@ import fsspec
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from torchvision.transforms import Compose, Normalize, ToTensor
-
-from trainer.data.batch import Batch
-from trainer.data.bucket_plan import (
+from mmcurate.trainer.data.batch import Batch
+from mmcurate.trainer.data.bucket_plan import (
     NO_BUCKET,
     BucketEpoch,
     BucketWorkerPlan,
@@ -43,11 +41,12 @@ from trainer.data.bucket_plan import (
     epoch_labels,
     plan_epoch,
 )
-from trainer.data.collate import trained_member
-from trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-from trainer.data.hold import SampleStore
-from trainer.data.manifest import Manifest, ManifestError, Shard, read_manifest
-from trainer.data.plan import Layout, epoch_pieces
+from mmcurate.trainer.data.collate import trained_member
+from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
+from mmcurate.trainer.data.hold import SampleStore
+from mmcurate.trainer.data.manifest import Manifest, ManifestError, Shard, read_manifest
+from mmcurate.trainer.data.plan import Layout, epoch_pieces
+from torchvision.transforms import Compose, Normalize, ToTensor
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from core.atomic import pid_gone
-from core.config_io import ConfigError
-from trainer.data.verify import RETRIES, ShardCorrupt, copy_hashed, download_hashed, mismatch
+from mmcurate.core.atomic import pid_gone
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.data.verify import (
+    RETRIES,
+    ShardCorrupt,
+    copy_hashed,
+    download_hashed,
+    mismatch,
+)
 
 __all__ = ["RETRIES", "ShardCache", "ShardCorrupt", "check_cache_dir", "flocked"]
 

@@ -10,11 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-
-from core.formats import FRAME_COLUMN, IMAGE_COLUMNS
-from trainer.data.batch import Batch, used_keys
-from trainer.data.manifest import NoUsableData
-from trainer.data.transform import DECODE_ERRORS, check_image_header, frame_columns
+from mmcurate.core.formats import FRAME_COLUMN, IMAGE_COLUMNS
+from mmcurate.trainer.data.batch import Batch, used_keys
+from mmcurate.trainer.data.manifest import NoUsableData
+from mmcurate.trainer.data.transform import DECODE_ERRORS, check_image_header, frame_columns
 
 
 class BatchDecoding:

@@ -22,13 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-
-from trainer.data.batch import Batch, NoData
-from trainer.data.collate import BatchDecoding, trained_member
-from trainer.data.hold import SampleStore
-from trainer.data.manifest import Manifest, NoUsableData
-from trainer.data.plan import (
+from mmcurate.trainer.data.batch import Batch, NoData
+from mmcurate.trainer.data.collate import BatchDecoding, trained_member
+from mmcurate.trainer.data.hold import SampleStore
+from mmcurate.trainer.data.manifest import Manifest, NoUsableData
+from mmcurate.trainer.data.plan import (
     Layout,
     Piece,
     Segment,
@@ -38,11 +36,12 @@ from trainer.data.plan import (
     mixed,
     worker_plan,
 )
-from trainer.data.reader import ShardReader
-from trainer.data.ring import Batches, Ring, RingLoader, SlotRef, batch_priority
-from trainer.data.transform import (
+from mmcurate.trainer.data.reader import ShardReader
+from mmcurate.trainer.data.ring import Batches, Ring, RingLoader, SlotRef, batch_priority
+from mmcurate.trainer.data.transform import (
     ImageTransform,
 )
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 log = logging.getLogger(__name__)
 

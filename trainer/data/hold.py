@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.spill import Spilled, media_bytes, release, remove_folder, spill_bytes, spill_folder
+from mmcurate.core.spill import (
+    Spilled,
+    media_bytes,
+    release,
+    remove_folder,
+    spill_bytes,
+    spill_folder,
+)
 
 DEFAULT_LIMIT = 64 << 20  # in-memory bytes of one store when no limit is given
 SMALL = 512  # values up to this size stay in memory even past the limit (captions, keys)

@@ -24,7 +24,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from core.manifest import Manifest, Shard
+from mmcurate.core.manifest import Manifest, Shard
 
 
 @dataclass(frozen=True)

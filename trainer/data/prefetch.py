@@ -15,12 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from trainer.data.dataset import Batch, ImageTransform
-from trainer.data.ring import DEVICE_HOLD
+from mmcurate.trainer.data.dataset import Batch, ImageTransform
+from mmcurate.trainer.data.ring import DEVICE_HOLD
 
 if TYPE_CHECKING:
-    from trainer.run_log import Meter
+    from mmcurate.trainer.run_log import Meter
 
 log = logging.getLogger(__name__)
 

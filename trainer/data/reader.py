@@ -26,14 +26,19 @@ from contextlib import AbstractContextManager
 from typing import IO, Any
 
 import fsspec
-
-from core.storage import protocol_of, with_retries
-from core.tario import EXT_ALIASES, group_samples, iter_tar_samples, split_member_name, tar_files
-from trainer.data.cache import ShardCache
-from trainer.data.hold import SampleStore
-from trainer.data.manifest import Shard
-from trainer.data.plan import Segment
-from trainer.data.verify import (
+from mmcurate.core.storage import protocol_of, with_retries
+from mmcurate.core.tario import (
+    EXT_ALIASES,
+    group_samples,
+    iter_tar_samples,
+    split_member_name,
+    tar_files,
+)
+from mmcurate.trainer.data.cache import ShardCache
+from mmcurate.trainer.data.hold import SampleStore
+from mmcurate.trainer.data.manifest import Shard
+from mmcurate.trainer.data.plan import Segment
+from mmcurate.trainer.data.verify import (
     DAMAGED_TAR,
     RETRIES,
     HashedStream,

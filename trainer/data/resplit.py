@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainer.data.dataset import ShardDataset
-from trainer.data.plan import (
+from mmcurate.trainer.data.dataset import ShardDataset
+from mmcurate.trainer.data.plan import (
     Layout,
     Piece,
     batches_per_rank,

@@ -28,11 +28,10 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
+from mmcurate.core.storage import release_sessions
+from mmcurate.trainer.data.batch import Batch, NoData
+from mmcurate.trainer.data.manifest import NoUsableData
 from torch.utils.data import DataLoader
-
-from core.storage import release_sessions
-from trainer.data.batch import Batch, NoData
-from trainer.data.manifest import NoUsableData
 
 WAIT_S = 5.0  # how often a waiting process checks that the other side is still alive
 # Views a CUDA training process keeps: the batch whose copy to the device may still run (its

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from mmcurate.core.formats import FRAME_COLUMN
+from mmcurate.core.image_errors import PIL_DECODE_ERRORS
 from PIL import Image
 from torch.nn.functional import interpolate
 from torchvision.io import ImageReadMode, decode_jpeg
@@ -24,9 +26,6 @@ from torchvision.transforms import (
 )
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2.functional import resized_crop
-
-from core.formats import FRAME_COLUMN
-from core.image_errors import PIL_DECODE_ERRORS
 
 RGB = ImageReadMode.RGB
 # What decoding a damaged or hostile image raises: Pillow's (core.image_errors, as the build's

@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 import fsspec
-
-from core.storage import protocol_of, storage_errors, with_retries
+from mmcurate.core.storage import protocol_of, storage_errors, with_retries
 
 RETRIES = 2  # downloads again after a mismatch (the bytes may have been damaged in transit)
 CHUNK = 8 << 20

@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mmcurate.core.config_io import ConfigError, one_line
+from mmcurate.trainer.dist.optim_state import by_name, by_position, parameter_names
+from mmcurate.trainer.dist.world import Dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -31,10 +34,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-
-from core.config_io import ConfigError, one_line
-from trainer.dist.optim_state import by_name, by_position, parameter_names
-from trainer.dist.world import Dist
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -143,7 +142,7 @@ def load_weights_and_optimizer(
     a sharded checkpoint (at `path`) names, resharded to this world; else from the file
     (every rank reads the whole of it)."""
     if "sharded" in ckpt:
-        from trainer.dist import sharded
+        from mmcurate.trainer.dist import sharded
 
         folder = sharded.folder_of(path, ckpt)
         if is_zero(parts.optimizer):  # DCP knows no ZeRO: read whole, then loaded as a file's

@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from core.config_io import ConfigError
+from mmcurate.core.config_io import ConfigError
 
 
 def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:

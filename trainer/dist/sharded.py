@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from mmcurate.core.config_io import ConfigError
+from mmcurate.core.storage import filesystem, is_local, join
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -34,9 +36,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-
-from core.config_io import ConfigError
-from core.storage import filesystem, is_local, join
 
 log = logging.getLogger(__name__)
 METADATA = ".metadata"  # DCP's own commit mark, written after every shard

@@ -1,4 +1,4 @@
-"""`mmcurate eval` (also `python -m trainer.eval`): zero-shot retrieval and classification.
+"""`mmcurate eval` (also `python -m mmcurate.trainer.eval`): zero-shot retrieval and classification.
 
 `evaluate` is the command; `config` its config models (below trainer/config.py, which embeds
 its sections for evaluation during training); `data` the eval sets (a build's shards, image

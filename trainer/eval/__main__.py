@@ -1,7 +1,8 @@
-"""`python -m trainer.eval CONFIG.yaml [--set key.path=value ...]` (also `mmcurate eval`)."""
+"""`python -m mmcurate.trainer.eval CONFIG.yaml [--set key.path=value ...]`:
+`mmcurate eval`."""
 
 import sys
 
-from trainer.eval.evaluate import main
+from mmcurate.trainer.eval.evaluate import main
 
 sys.exit(main())

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from mmcurate.core.config_io import Strict, load_yaml, validate
+from mmcurate.trainer.eval.data import ClassNames, load_listing
+from mmcurate.trainer.units import parse_size
 from pydantic import Field, field_validator, model_validator
-
-from core.config_io import Strict, load_yaml, validate
-from trainer.eval.data import ClassNames, load_listing
-from trainer.units import parse_size
 
 MAX_K = 2**31 - 1  # largest retrieval.recall_at K
 
@@ -103,7 +102,7 @@ class EvalConfig(Strict):
         return self
 
 
-def load_eval_config(path: str | Path, overrides: list[str] | None = None) -> EvalConfig:
+def load_eval_config(path: str | Path | dict, overrides: list[str] | None = None) -> EvalConfig:
     """Read YAML, apply `--set` overrides, validate; raises ConfigError with one line."""
     return validate(EvalConfig, load_yaml(path, overrides))
 

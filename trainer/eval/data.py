@@ -28,14 +28,13 @@ from typing import Any
 
 import torch
 import yaml
+from mmcurate.core.formats import IMAGE_COLUMNS, sample_meta
+from mmcurate.core.storage import filesystem, is_local, release_sessions, with_protocol
+from mmcurate.trainer.data.manifest import Manifest
+from mmcurate.trainer.data.plan import Segment
+from mmcurate.trainer.data.reader import ShardReader
+from mmcurate.trainer.data.transform import DECODE_ERRORS, open_image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-
-from core.formats import IMAGE_COLUMNS, sample_meta
-from core.storage import filesystem, is_local, release_sessions, with_protocol
-from trainer.data.manifest import Manifest
-from trainer.data.plan import Segment
-from trainer.data.reader import ShardReader
-from trainer.data.transform import DECODE_ERRORS, open_image
 
 DROP_REASONS = {
     "unreadable": "its shard or file could not be read",

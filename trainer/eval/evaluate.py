@@ -1,8 +1,8 @@
 """`mmcurate eval CONFIG.yaml [--set key.path=value ...] [--out FILE.json]` (also
-`python -m trainer.eval ...`): zero-shot retrieval on a held-out build and zero-shot
+`python -m mmcurate.trainer.eval ...`): zero-shot retrieval on a held-out build and zero-shot
 classification, for an `mmcurate train` checkpoint, an open_clip pretrained tag or a local .pt.
 
-`python -m trainer.eval --export CHECKPOINT OUT.pt` writes a train checkpoint as a plain
+`python -m mmcurate.trainer.eval --export CHECKPOINT OUT.pt` writes a train checkpoint as a plain
 open_clip file: `open_clip.create_model_and_transforms(name, pretrained=OUT.pt)` loads it.
 
 See configs/eval.yaml for every key; metric names in trainer/eval/metrics.py.
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.atomic import write_bytes_atomic
-from core.config_io import ConfigError, add_overrides, one_line
-from core.storage import check_reachable, filesystem, protocol_of
-from trainer.data.manifest import ManifestError
-from trainer.eval.config import (  # noqa: F401  (re-exported: the command's config types)
+from mmcurate.core.atomic import write_bytes_atomic
+from mmcurate.core.config_io import ConfigError, add_overrides, one_line
+from mmcurate.core.storage import check_reachable, filesystem, protocol_of
+from mmcurate.trainer.data.manifest import ManifestError
+from mmcurate.trainer.eval.config import (  # noqa: F401  (re-exported: the command's config types)
     MAX_K,
     EvalConfig,
     EvalData,
@@ -35,7 +35,7 @@ from trainer.eval.config import (  # noqa: F401  (re-exported: the command's con
     ZeroshotTask,
     load_eval_config,
 )
-from trainer.eval.data import EvalDataError
+from mmcurate.trainer.eval.data import EvalDataError
 
 FORMAT = "mmcurate-eval/1"
 
@@ -131,7 +131,7 @@ def check_out(path: str, storage_options: dict | None = None, flag: str = "--out
 
 
 def export_command(checkpoint: str, out: str) -> dict[str, Any]:
-    from trainer.models import export_open_clip
+    from mmcurate.trainer.models import export_open_clip
 
     check_out(out, flag="--export OUT")  # before the checkpoint is read
     return export_open_clip(checkpoint, out)
@@ -140,8 +140,7 @@ def export_command(checkpoint: str, out: str) -> dict[str, Any]:
 def check_inputs(cfg: EvalConfig) -> Inputs:
     """Resolve the weights and open every eval set's index before any model loads."""
     import torch
-
-    from trainer.models import resolve_weights
+    from mmcurate.trainer.models import resolve_weights
 
     weights = resolve_weights(cfg.model.name, cfg.model.pretrained, cfg.storage_options)
     wanted = cfg.run.device
@@ -158,12 +157,12 @@ def check_inputs(cfg: EvalConfig) -> Inputs:
 
 def units_of(cfg: EvalConfig, url: str, manifest_only: bool = False) -> tuple[list, Any, list]:
     """(units, reader, shard start positions) of a manifest.json or a folder of classes."""
-    from trainer.data.manifest import read_manifest
-    from trainer.eval.data import FolderRead, ShardRead, folder_units, shard_units
+    from mmcurate.trainer.data.manifest import read_manifest
+    from mmcurate.trainer.eval.data import FolderRead, ShardRead, folder_units, shard_units
 
     if not manifest_only and not url.endswith(".json"):
         return folder_units(url, cfg.storage_options), FolderRead(cfg.storage_options), []
-    from trainer.units import parse_size
+    from mmcurate.trainer.units import parse_size
 
     manifest = read_manifest(url, cfg.storage_options)
     cache = (cfg.data.cache_dir, parse_size(cfg.data.cache_limit)) if cfg.data.cache_dir else None
@@ -173,8 +172,8 @@ def units_of(cfg: EvalConfig, url: str, manifest_only: bool = False) -> tuple[li
 
 def evaluate(cfg: EvalConfig, progress: bool = True) -> dict[str, Any]:
     """Check every input (fails fast, before a model loads), then run the tasks."""
-    from trainer.eval.tasks import run_retrieval, run_zeroshot
-    from trainer.models import load_eval_model
+    from mmcurate.trainer.eval.tasks import run_retrieval, run_zeroshot
+    from mmcurate.trainer.models import load_eval_model
 
     started = time.monotonic()
     inputs = check_inputs(cfg)
@@ -221,7 +220,7 @@ def result_table(result: dict[str, Any]) -> str:
 
 def write_out(path: str, result: dict[str, Any], storage_options: dict | None) -> bool:
     """`write_json`, or False after one line on stderr (`--out` of eval and probe)."""
-    from core.storage import storage_errors
+    from mmcurate.core.storage import storage_errors
 
     try:
         write_json(path, result, storage_options)

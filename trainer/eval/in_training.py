@@ -18,14 +18,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.manifest import ManifestError, NoUsableData
+from mmcurate.trainer.dist.world import Dist, from_rank0
+from mmcurate.trainer.eval.data import EvalDataError
+from mmcurate.trainer.eval.evaluate import (
+    EvalConfig,
+    EvalData,
+    EvalModel,
+    EvalRun,
+    Inputs,
+    units_of,
+)
 from open_clip.transform import PreprocessCfg, image_transform_v2
-
-from core.config_io import ConfigError
-from trainer.config import TrainConfig
-from trainer.data.manifest import ManifestError, NoUsableData
-from trainer.dist.world import Dist, from_rank0
-from trainer.eval.data import EvalDataError
-from trainer.eval.evaluate import EvalConfig, EvalData, EvalModel, EvalRun, Inputs, units_of
 
 
 def eval_config_of(cfg: TrainConfig) -> EvalConfig:
@@ -123,7 +129,7 @@ class Evaluator:
     def run(self, model: torch.nn.Module, step: int) -> dict[str, Any]:
         """Rank 0: every task on `model` in eval mode (its train mode comes back after)."""
         # Imported here: eval_tasks imports trainer.train, which imports this module.
-        from trainer.eval.tasks import run_retrieval, run_zeroshot
+        from mmcurate.trainer.eval.tasks import run_retrieval, run_zeroshot
 
         cfg, inputs = self.sets.cfg, self.sets.inputs
         args = (cfg, inputs, model, self.preprocess, self.tokenizer, False)

@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
-
-from trainer.eval.data import (
+from mmcurate.trainer.eval.data import (
     ClassNames,
     EvalDataError,
     EvalSource,
@@ -20,11 +18,12 @@ from trainer.eval.data import (
     count_drops,
     make_loader,
 )
-from trainer.eval.metrics import retrieval_from_features, zeroshot_from_features
-from trainer.precision import autocast
+from mmcurate.trainer.eval.metrics import retrieval_from_features, zeroshot_from_features
+from mmcurate.trainer.precision import autocast
+from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from trainer.eval.config import EvalConfig, Inputs
+    from mmcurate.trainer.eval.config import EvalConfig, Inputs
 
 
 class Encoder:

@@ -35,11 +35,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
-
-from trainer.config import HealthConfig
-from trainer.data.batch import Batch
-from trainer.dist.world import Dist, restart_count
-from trainer.step import Parts, StepResult, guarded_step
+from mmcurate.trainer.config import HealthConfig
+from mmcurate.trainer.data.batch import Batch
+from mmcurate.trainer.dist.world import Dist, restart_count
+from mmcurate.trainer.step import Parts, StepResult, guarded_step
 
 log = logging.getLogger(__name__)
 FAULTS_ENV = "MMCURATE_TEST_FAULTS"

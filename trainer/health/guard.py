@@ -10,15 +10,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from trainer.checkpoint import checkpoint_exists
-from trainer.config import TrainConfig
-from trainer.data.batch import Batch
-from trainer.dist.world import Dist
-from trainer.health.alerts import Alerts
-from trainer.health.checks import Health, Verdict
-from trainer.step import Parts, StepResult
-from trainer.train_state import LoopState, reload_weights
+from mmcurate.trainer.checkpoint import checkpoint_exists
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.batch import Batch
+from mmcurate.trainer.dist.world import Dist
+from mmcurate.trainer.health.alerts import Alerts
+from mmcurate.trainer.health.checks import Health, Verdict
+from mmcurate.trainer.step import Parts, StepResult
+from mmcurate.trainer.train_state import LoopState, reload_weights
 
 log = logging.getLogger(__name__)
 

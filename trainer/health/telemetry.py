@@ -24,9 +24,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.config_io import ConfigError
-from trainer.config import THROTTLE_REASONS, TelemetryConfig, TrainConfig
-from trainer.health.alerts import Alerts
+from mmcurate.core.config_io import ConfigError
+from mmcurate.trainer.config import THROTTLE_REASONS, TelemetryConfig, TrainConfig
+from mmcurate.trainer.health.alerts import Alerts
 
 log = logging.getLogger(__name__)
 GIB = 2**30

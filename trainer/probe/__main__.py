@@ -1,7 +1,8 @@
-"""`python -m trainer.probe CONFIG.yaml [--set ...] [--out FILE.json]` (also `mmcurate probe`)."""
+"""`python -m mmcurate.trainer.probe CONFIG.yaml [--set ...] [--out FILE.json]`:
+`mmcurate probe`."""
 
 import sys
 
-from trainer.probe.run import main
+from mmcurate.trainer.probe.run import main
 
 sys.exit(main())

@@ -26,13 +26,12 @@ import traceback
 from typing import Any
 
 import torch
+from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.data.batch import Batch
+from mmcurate.trainer.dist.world import Dist
+from mmcurate.trainer.step import Parts, build_parts, guarded_step
 
-from trainer.config import TrainConfig
-from trainer.data.batch import Batch
-from trainer.dist.world import Dist
-from trainer.step import Parts, build_parts, guarded_step
-
-log = logging.getLogger("trainer.probe.run")
+log = logging.getLogger("mmcurate.trainer.probe.run")
 CAPTION = "a photo of a cat sitting on a wooden table next to a cup of coffee"
 
 

@@ -1,5 +1,5 @@
-"""`mmcurate probe CONFIG.yaml [--set ...] [--out FILE.json]` (also `python -m trainer.probe`):
-which batch size fits, and how many GPUs and CPU cores a target needs.
+"""`mmcurate probe CONFIG.yaml [--set ...] [--out FILE.json]` (also `python -m
+mmcurate.trainer.probe`): which batch size fits, and how many GPUs and CPU cores a target needs.
 
 For the train config's model, precision and data it measures
 1. the batch-size ladder (trainer/probe/ladder.py): peak memory and step time per rung, until
@@ -22,20 +22,19 @@ import time
 from typing import Any
 
 import torch
+from mmcurate.core.config_io import ConfigError, add_overrides, one_line
+from mmcurate.trainer.config import TrainConfig, load_train_config
+from mmcurate.trainer.data.dataset import make_loader
+from mmcurate.trainer.data.manifest import ManifestError
+from mmcurate.trainer.data.prefetch import DevicePrefetcher, timed
+from mmcurate.trainer.dist.world import Dist
+from mmcurate.trainer.probe.ladder import ladder_here, ladder_in_child
+from mmcurate.trainer.probe.sizing import recommend
+from mmcurate.trainer.run_log import Meter
+from mmcurate.trainer.step import build_parts, guarded_step
+from mmcurate.trainer.train import make_dataset, make_training_loader, read_sources
 
-from core.config_io import ConfigError, add_overrides, one_line
-from trainer.config import TrainConfig, load_train_config
-from trainer.data.dataset import make_loader
-from trainer.data.manifest import ManifestError
-from trainer.data.prefetch import DevicePrefetcher, timed
-from trainer.dist.world import Dist
-from trainer.probe.ladder import ladder_here, ladder_in_child
-from trainer.probe.sizing import recommend
-from trainer.run_log import Meter
-from trainer.step import build_parts, guarded_step
-from trainer.train import make_dataset, make_training_loader, read_sources
-
-log = logging.getLogger("trainer.probe.run")  # also when run as __main__
+log = logging.getLogger("mmcurate.trainer.probe.run")  # also when run as __main__
 GIB = 2**30
 
 
@@ -226,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     # Our progress lines at INFO; libraries (open_clip logs to the root logger) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("trainer").setLevel(logging.INFO)
-    from trainer.eval.evaluate import check_out, write_out
+    logging.getLogger("mmcurate.trainer").setLevel(logging.INFO)
+    from mmcurate.trainer.eval.evaluate import check_out, write_out
 
     try:
         cfg = load_train_config(args.config, overrides(args))

@@ -1,0 +1,1 @@
+"""Shared foundations: formats, storage, config reading, map-reduce; imports no other part."""
