@@ -7,6 +7,7 @@ the size limits the code keeps: files <= 400 lines, functions <= 50 lines."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -56,12 +57,22 @@ def bare_imports(path: Path) -> list[str]:
     return bare
 
 
+# Code in strings too (scripts that tests and benches run with `python -c`), not in `quotes`.
+BARE_TEXT = re.compile(r"(?<![`\w.])(?:from|import) (?:core|pipeline|stages|trainer)\.[a-z_]")
+
+
 def test_every_import_of_a_part_goes_through_mmcurate():
     files = [
         p for folder in ("mmcurate", *PACKAGES, "tests", "bench") for p in python_files(folder)
     ]
     assert len(files) > 300
     assert [line for path in files for line in bare_imports(path)] == []
+    in_text = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in files
+        for match in BARE_TEXT.finditer(path.read_text())
+    ]
+    assert in_text == []
 
 
 def python_files(package: str) -> list[Path]:

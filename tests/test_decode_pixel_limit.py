@@ -35,7 +35,7 @@ def huge_header_jpeg() -> bytes:
 def test_importing_every_stage_leaves_pils_limit_alone():
     code = (
         "from PIL import Image; before = Image.MAX_IMAGE_PIXELS; "
-        "import pipeline.build, stages.registry, trainer.data.dataset; "
+        "import mmcurate.pipeline.build, mmcurate.stages.registry, mmcurate.trainer.data.dataset; "
         "print(before, Image.MAX_IMAGE_PIXELS)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

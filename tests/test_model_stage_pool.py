@@ -157,8 +157,8 @@ def test_run_build_from_python_on_the_local_runtime_finishes(tmp_path):
     }
     script = (
         "import json, sys\n"
-        "from pipeline.build import run_build\n"
-        "from pipeline.config import BuildConfig\n"
+        "from mmcurate.pipeline.build import run_build\n"
+        "from mmcurate.pipeline.config import BuildConfig\n"
         "cfg = BuildConfig.model_validate(json.loads(sys.argv[1]))\n"
         "print(run_build(cfg, progress=False)['samples'])\n"
     )

@@ -273,10 +273,11 @@ def test_each_stage_module_registers_its_own_name_and_a_build_imports_only_its_s
     assert sorted(classes) == sorted(STAGE_MODULES)
     assert all(cls.name == name for name, cls in classes.items())
     script = (
-        "import json, sys; from pipeline.config import BuildConfig; "
+        "import json, sys; from mmcurate.pipeline.config import BuildConfig; "
         "BuildConfig.model_validate({'source': {'kind': 'images', 'path': '/nowhere'}, "
         "'stages': [{'name': 'decode_image'}], 'output': {'path': '/nowhere-out'}}); "
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('stages.') or m == 'av')))"
+        "print(json.dumps(sorted(m for m in sys.modules "
+        "if m.startswith('mmcurate.stages.') or m == 'av')))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
