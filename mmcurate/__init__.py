@@ -36,6 +36,7 @@ __all__ = [
     "read_manifest",
     "image_loader",
     "bucketed_loader",
+    "video_loader",
     "ConfigError",
 ]
 
@@ -145,6 +146,34 @@ def bucketed_loader(manifest: str | Any, batch_size: int, **options: Any) -> Any
     from mmcurate.trainer.data.buckets import bucketed_loader as make
 
     return make(manifest, batch_size, **options)
+
+
+def video_loader(
+    manifest: str | Any,
+    batch_size: int,
+    frames: int,
+    *,
+    seed: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    workers: int = 2,
+    storage_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Random windows of `frames` frames of a video build's clips for your own training loop:
+    each batch a dict of `video` (uint8 [B, T, C, H, W], one bucket per batch), `txt`,
+    `__key__`, `bucket` ("WxH") and `frame_start`; one rank's share of an epoch per
+    iteration, every rank the same number of batches. `set_epoch(n)`, `state_dict()`,
+    `load_state_dict(state)` (an exact mid-epoch resume). `options`: cache=(folder, byte
+    limit), verify, shuffle_buffer, step_batches (trainer/data/video_loader.py)."""
+    from mmcurate.trainer.data.video_loader import video_loader as make
+
+    return make(
+        *(manifest, batch_size, frames),
+        **{"seed": seed, "rank": rank, "world": world, "workers": workers},
+        storage_options=storage_options,
+        **options,
+    )
 
 
 def _tree_or_path(config: Config) -> Any:
