@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/pip install -q torch torchvision
 	$(BIN)/pip install -q -e ".[test,demo]"
+	# text_area reads PP-OCRv4's detector file from this wheel; --no-deps: its requirements
+	# would replace the headless OpenCV with opencv-python.
+	$(BIN)/pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || $(INSTALL_CHROMIUM)
 	command -v strace >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq strace >/dev/null) \
 		|| echo "warning: could not install strace; tests/test_no_cloud_probe.py will fail"

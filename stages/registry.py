@@ -25,10 +25,13 @@ STAGE_MODULES = {
         "exact_dedupe",
         "language_filter",
         "metadata_filter",
+        "motion_score",
         "near_dedupe",
         "recaption",
         "semantic_dedupe",
+        "text_area",
         "video_frames",
+        "video_buckets",
     )
 }
 

@@ -1,11 +1,11 @@
-"""buckets.json: the aspect-ratio buckets of a build that ran `aspect_buckets`, counted over
+"""buckets.json: the buckets of a build that ran `aspect_buckets` or `video_buckets`, counted over
 the samples it kept (after every global decision), for trainers that plan batches per bucket.
 
 `{"format": "mmcurate-buckets/1", "stage", "algorithm", "parameters", "buckets": ["WxH", ...],
 "counts": {"WxH": n, ...} (every bucket of the list, zeros too), "samples", "mean_aspect_error",
 "max_aspect_error", "mean_crop_share"}`. Counted per signature group in tasks (each returns a
-few numbers per bucket), so the driver never holds the rows. With the stage listed twice, the
-last one's buckets are the ones the samples carry.
+few numbers per bucket), so the driver never holds the rows. With such a stage listed twice, the
+last one's list and parameters are recorded (a bucket only the other lists is counted too).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mmcurate.pipeline.output.signatures import signatures_file
 BUCKETS_FILE = "buckets.json"
 BUCKETS_FORMAT = "mmcurate-buckets/1"
 STAGE = "aspect_buckets"
+STAGES = (STAGE, "video_buckets")  # each writes `bucket`; its options give bucket_list, describe
 COLUMNS = ("drop_reason", "bucket", "aspect_error", "crop_share")
 
 
@@ -81,11 +82,11 @@ def buckets_document(stage: Any, sums: list[dict[str, list[float]]]) -> dict[str
 
 
 def write_buckets_file(cfg: BuildConfig, group_count: int, runner: Runner) -> None:
-    """buckets.json beside the shards when an aspect_buckets stage ran (else nothing);
-    after the published signatures, whose fates it counts."""
+    """buckets.json beside the shards when an aspect_buckets or video_buckets stage ran (else
+    nothing); after the published signatures, whose fates it counts."""
     from mmcurate.stages.registry import build_stages
 
-    stages = [s for s in build_stages(cfg.stages) if s.name == STAGE]
+    stages = [s for s in build_stages(cfg.stages) if s.name in STAGES]
     if not stages:
         return
     calls = [(cfg.output.path, cfg.storage_options, g) for g in range(group_count)]

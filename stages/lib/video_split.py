@@ -21,6 +21,7 @@ import io
 import math
 import os
 import shutil
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -71,9 +72,15 @@ class Scan(NamedTuple):
     small: list[tuple[float, np.ndarray]]  # (time, grey 32x32) of the analysed frames
 
 
-def scan(value: Media, analysis_fps: float | None, watched: Watched | None = None) -> Scan:
+def scan(
+    value: Media,
+    analysis_fps: float | None,
+    watched: Watched | None = None,
+    on_frame: Callable[[Any], None] | None = None,
+) -> Scan:
     """Pass 1, streaming: frame count, times, size, and (for scene cuts) small grey copies of
     frames `analysis_fps` a second, chosen by their timestamps (variable frame rates too).
+    `on_frame` is given every decoded frame in order (transnetv2 scores them as they come).
     Seconds scanned are reported as decoded (core/progress.py)."""
     refuse_images(value)
     watched = watched or Watched()
@@ -94,6 +101,8 @@ def scan(value: Media, analysis_fps: float | None, watched: Watched | None = Non
                 small.append((t, grey_small(frame.to_ndarray(format="rgb24"))))
                 due = (math.floor((t + 0.5 / fps) * analysis_fps) + 1) / analysis_fps
             times.append(t)
+            if on_frame is not None:
+                on_frame(frame)
             watched.to(t)
     if not times:
         raise NoFrames("no frames")
@@ -139,6 +148,18 @@ def split_video(
         bounds = scene_bounds(cuts, duration)
     else:
         bounds = fixed_bounds(duration, opts["window_s"], opts["stride_s"] or opts["window_s"])
+    return cut_clips(value, found, bounds, opts, prefix)
+
+
+def cut_clips(
+    value: Media,
+    found: Scan,
+    bounds: list[tuple[float, float]],
+    opts: dict[str, Any],
+    prefix: str | None = None,
+) -> list[dict[str, Any]]:
+    """The clips of `bounds` (seconds), as split_video returns them: those shorter than
+    `min_clip_s` left out, at most `max_clips`, each encoded once (the whole video: None)."""
     bounds = [(a, b) for a, b in bounds if b - a >= opts["min_clip_s"] - 1e-9]
     bounds = bounds[: opts["max_clips"]] if opts.get("max_clips") else bounds
     spans = [frame_span(found.times, a, b) for a, b in bounds]
