@@ -22,39 +22,32 @@ ALLOWED = {
 }
 
 
-def imported_packages(path: Path) -> set[str]:
-    """Top-level project packages a module imports (lazy imports inside functions included)."""
-    found = set()
+def absolute_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every absolute import in a module, lazy ones included."""
+    found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        names = [n.removeprefix("mmcurate.") for n in names if n.startswith("mmcurate.")]
-        found |= {n.split(".")[0] for n in names if n.split(".")[0] in PACKAGES}
+            found.append((node.lineno, node.module))
     return found
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level project packages a module imports (lazy imports inside functions included)."""
+    names = [n.removeprefix("mmcurate.") for _, n in absolute_imports(path)]
+    return {n.split(".")[0] for n in names if n.split(".")[0] in PACKAGES}
 
 
 def bare_imports(path: Path) -> list[str]:
     """Imports of a part by its bare name (`from core.x import y`): installed, the parts exist
     only as `mmcurate.core` ..., and a second import path would load every module (and the
     stage registry) twice."""
-    bare = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        bare += [
-            f"{path.relative_to(ROOT)}:{node.lineno} {n}"
-            for n in names
-            if n.split(".")[0] in PACKAGES
-        ]
-    return bare
+    return [
+        f"{path.relative_to(ROOT)}:{line} {name}"
+        for line, name in absolute_imports(path)
+        if name.split(".")[0] in PACKAGES
+    ]
 
 
 # Code in strings too (scripts that tests and benches run with `python -c`), not in `quotes`.
