@@ -176,3 +176,30 @@ def test_run_build_from_python_on_the_local_runtime_finishes(tmp_path):
         pytest.fail(f"the build did not finish in {LIMIT_S} s (a worker deadlocked)")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "8"
+
+
+def start_a_child(_: int) -> tuple[str, bool, int]:
+    """A task that starts a process of its own (a stage may): refused in a daemonic one."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=int)
+    child.start()
+    child.join()
+    me = multiprocessing.current_process()
+    return me.name, me.daemon, child.exitcode
+
+
+def test_a_task_may_start_processes_of_its_own():
+    code = (
+        "from mmcurate.pipeline.runtime.localpool import LocalPool\n"
+        "from tests.test_model_stage_pool import start_a_child\n"
+        "if __name__ == '__main__':\n"
+        "    pool = LocalPool(1, start=1)\n"
+        "    print(pool.run([0], start_a_child), pool.workers[0].method)\n"
+        "    pool.close()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=LIMIT_S
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[('mmcurate-worker', False, 0)] fork"

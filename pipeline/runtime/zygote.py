@@ -58,6 +58,14 @@ class Zygote:
             self.process.join(timeout=5)
 
 
+def become_worker() -> None:
+    """A worker is not the (daemonic) zygote it was forked from: multiprocessing refuses
+    children to a daemonic process, and a task may start some."""
+    me = multiprocessing.current_process()
+    me._config["daemon"] = False  # no public way to clear it once a process has started
+    me.name = "mmcurate-worker"
+
+
 def _zygote(conn: Connection, driver_end: Connection, serve: Callable) -> None:
     """The zygote's loop: fork a worker per request until the driver's socket closes."""
     driver_end.close()
@@ -73,6 +81,7 @@ def _zygote(conn: Connection, driver_end: Connection, serve: Callable) -> None:
         if pid == 0:
             conn.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a worker's subprocesses need it
+            become_worker()
             try:
                 serve(Connection(fd), [])
             finally:
