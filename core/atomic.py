@@ -94,14 +94,25 @@ def stale(entry: os.DirEntry, pid: int) -> bool:
 
 def pid_gone(pid: int) -> bool:
     """Whether no process of this pid runs here (a pid reused, or another user's process
-    that signals cannot reach, counts as running: its files are kept)."""
+    that signals cannot reach, counts as running: its files are kept). A zombie (exited, not
+    yet reaped by its parent) runs no more."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except (OSError, OverflowError):  # PermissionError: alive, another user's
         return False
-    return False
+    return _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether /proc says the pid has exited and waits to be reaped (False off Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
 
 
 def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:

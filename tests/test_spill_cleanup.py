@@ -64,6 +64,23 @@ def test_a_killed_process_folder_is_swept_at_once(tmp_path):
         sleeper.wait()
 
 
+def test_an_exited_unreaped_process_folder_is_swept(tmp_path):
+    """A worker killed a moment ago may still be a zombie (its parent has not reaped it):
+    it runs no more, so its folder goes."""
+    code = "import sys; from mmcurate.core.spill import spill_folder as f; print(f(sys.argv[1]))"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    folder = Path(child.stdout.readline().strip())
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, left unreaped
+    try:
+        sweep_folders(str(tmp_path))
+        assert not folder.exists()
+    finally:
+        child.wait()
+        child.stdout.close()
+
+
 def build(config: Path, temp: Path) -> subprocess.CompletedProcess:
     """`mmcurate build` in a fresh process whose temp folder is `temp`."""
     return subprocess.run(

@@ -22,6 +22,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from mmcurate.core.atomic import pid_gone
 from mmcurate.core.mapreduce import MapFn, ReduceFn, check_partitions
 from mmcurate.core.progress import INTERVAL_S, Counters, channel
 from mmcurate.pipeline.runtime.zygote import Zygote
@@ -105,6 +107,16 @@ class _Worker:
             elif kill and self.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)
+                wait_gone(self.pid)
+
+
+def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Return once a killed worker has exited (at most `timeout_s`): a SIGKILL is delivered
+    asynchronously, and the sweep that follows a failed run removes a dead worker's spill
+    folder only (a still-exiting worker looks alive to it)."""
+    deadline = time.monotonic() + timeout_s
+    while not pid_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def start_method() -> str:
