@@ -30,7 +30,8 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from bytecode import compile_all
-from mmcurate.stages.decode_image import DecodeImageOptions, encode, target_size, transform
+from mmcurate.stages.decode_image import DecodeImageOptions, target_size, transform
+from mmcurate.stages.lib.pixels import encode
 from photos import make_photos
 from PIL import Image
 

@@ -64,3 +64,10 @@ def sample_meta(text: str | bytes | None) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting overflows
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def with_fields(text: str | bytes | None, fields: dict[str, Any]) -> str:
+    """A sample's `json` member with `fields` set (added or replaced), keys sorted."""
+    meta = sample_meta(text)
+    meta.update(fields)
+    return meta_json(meta, sort_keys=True, ensure_ascii=False)

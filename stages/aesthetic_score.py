@@ -18,21 +18,19 @@ from typing import Any
 
 import numpy as np
 from mmcurate.core.config_io import ConfigError
-from mmcurate.core.spill import media_bytes, media_size
+from mmcurate.core.formats import with_fields
 from mmcurate.stages.base import Columns, ModelOptions, ModelStage, Stage, register
-from mmcurate.stages.clip_score import (
-    KeepsTopFraction,
+from mmcurate.stages.lib.aesthetic_head import AestheticHead, load_head
+from mmcurate.stages.lib.picture_batches import (
     mean_per_sample,
     picture_batches,
-    pictures_of,
+    picture_bytes,
     prepared,
-    with_fields,
 )
-from mmcurate.stages.lib.aesthetic_head import AestheticHead, load_head
+from mmcurate.stages.lib.top_fraction import KeepsTopFraction
 from pydantic import Field
 
 TOP_REASON = "below_aesthetic_top_fraction"
-READ_MAX = 256 << 20  # a spilled picture is read whole (it may go to an actor) only below this
 
 
 class AestheticScoreOptions(ModelOptions):
@@ -118,13 +116,11 @@ class AestheticScore(KeepsTopFraction, ModelStage):
         that have no usable picture)."""
         media: dict[int, list[bytes]] = {}
         for i in rows:
-            pictures = pictures_of(batch, i)
-            if not pictures:
-                reasons[i] = "no_image"
-            elif any(media_size(p) > READ_MAX for p in pictures):
-                reasons[i] = "too_big"
+            pictures = picture_bytes(batch, i)
+            if isinstance(pictures, str):
+                reasons[i] = pictures
             else:
-                media[i] = [media_bytes(p) for p in pictures]
+                media[i] = pictures
         if not media:
             return {}
         encoder = self.encoder or self.local_model()

@@ -17,14 +17,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from mmcurate.core.formats import meta_json
+from mmcurate.core.formats import with_fields
 from mmcurate.core.spill import open_media
 from mmcurate.stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, media_column, register
-from mmcurate.stages.base import sample_meta as read_meta
-from mmcurate.stages.decode_image import FILTERS, allow_pixels, encode
 from mmcurate.stages.lib import buckets as plan
 from mmcurate.stages.lib.fast_resize import shrink
-from mmcurate.stages.lib.pixels import DECODE_ERRORS, orientation, to_rgb, upright
+from mmcurate.stages.lib.pixels import (
+    DECODE_ERRORS,
+    FILTERS,
+    allow_pixels,
+    encode,
+    orientation,
+    to_rgb,
+    upright,
+)
 from PIL import Image
 from pydantic import Field, StrictInt, field_validator, model_validator
 
@@ -242,9 +248,3 @@ def fields(width: int, height: int, where: plan.Placement) -> dict[str, Any]:
         "width": where.bucket[0],
         "height": where.bucket[1],
     }
-
-
-def with_fields(text: str | None, extra: dict[str, Any]) -> str:
-    meta = read_meta(text)
-    meta.update(extra)
-    return meta_json(meta, sort_keys=True, ensure_ascii=False)

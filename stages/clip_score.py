@@ -17,39 +17,27 @@ no image goes through the model twice.
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-from mmcurate.core.formats import meta_json
-from mmcurate.core.mapreduce import Runner
-from mmcurate.core.spill import media_bytes
+from mmcurate.core.formats import with_fields
 from mmcurate.stages.base import (
-    FRAME_COLUMN,
     Columns,
     ModelOptions,
     ModelStage,
-    media_column,
     register,
-    sample_meta,
 )
 from mmcurate.stages.lib.clip_model import ClipModel, cached_model, check_model
-from mmcurate.stages.lib.decisions import TopFraction, top_count
-from mmcurate.stages.lib.dedupe_common import Decisions, live_rows
-from mmcurate.stages.lib.pixels import READ_IMAGE_MAX, too_big
+from mmcurate.stages.lib.picture_batches import (
+    Encoder,
+    mean_per_sample,
+    picture_batches,
+    picture_bytes,
+    pictures_of,
+    prepared,
+)
 from mmcurate.stages.lib.text_prompts import ConceptOptions, concept_probability, prompt_sets
+from mmcurate.stages.lib.top_fraction import KeepsTopFraction
 from pydantic import Field, field_validator, model_validator
-
-TOP_REASON = "below_top_fraction"
-
-
-class Encoder(Protocol):
-    """What scores: a local ClipModel, or the build's handle on a model actor."""
-
-    def prepare(self, images: list[bytes]) -> tuple[list[np.ndarray | None], list[str | None]]: ...
-
-    def encode(self, pixels: np.ndarray, texts: list[str]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class ClipScoreOptions(ModelOptions):
@@ -76,33 +64,6 @@ class ClipScoreOptions(ModelOptions):
         if low is not None and high is not None and low > high:
             raise ValueError(f"min_score {low:g} is above max_score {high:g}: nothing would pass")
         return self
-
-
-class KeepsTopFraction:
-    """`keep_top_fraction` for a stage that writes a score column: the global decision keeping
-    exactly the top share of the live rows by `top_column`, the rest dropped as `top_reason`
-    (listed before the stage's base class, so these override Stage's defaults)."""
-
-    top_column = "clip_score"
-    top_reason = TOP_REASON
-    options: Any
-
-    def decides(self) -> bool:
-        return self.options.keep_top_fraction is not None
-
-    def decide_plan(self) -> TopFraction | None:
-        fraction = self.options.keep_top_fraction
-        if fraction is None:
-            return None
-        return TopFraction(self.top_column, fraction, self.top_reason)
-
-    def decide(self, signatures: pa.Table, runner: Runner | None = None) -> Decisions:
-        """The whole-table form of the top fraction (the build runs `decide_plan`'s)."""
-        fraction = self.options.keep_top_fraction
-        live = live_rows(signatures, self.top_column)
-        if fraction is None or not live.num_rows:
-            return {}
-        return top_fraction_decisions(live, fraction, self.top_column, self.top_reason)
 
 
 @register
@@ -132,15 +93,15 @@ class ClipScore(KeepsTopFraction, ModelStage):
             batch.setdefault("txt", [None] * size)  # a source without captions: all blank
         for i in range(size):
             caption = (batch.get("txt") or [None] * size)[i]
-            pictures = pictures_of(batch, i)
-            if not pictures:
-                reasons[i] = "no_image"
-            elif (not caption or not caption.strip()) and not self.keeps_blank_captions:
+            no_caption = not caption or not caption.strip()
+            if no_caption and not self.keeps_blank_captions and pictures_of(batch, i):
                 reasons[i] = "missing_caption"
-            elif any(too_big(p, READ_IMAGE_MAX) for p in pictures):
-                reasons[i] = "too_big"  # a spilled file: read whole below, so only when sane
+                continue
+            pictures = picture_bytes(batch, i)
+            if isinstance(pictures, str):
+                reasons[i] = pictures  # no_image, too_big
             else:
-                media[i] = [media_bytes(p) for p in pictures]  # bytes may go to an actor
+                media[i] = pictures
         encoder = self.encoder or self.local_model()
         good = prepared(encoder, media, reasons)
         scores = self.score_rows(batch, good, encoder)
@@ -193,7 +154,7 @@ class ClipScore(KeepsTopFraction, ModelStage):
                 batch["clip_score"][i] = score
                 batch["embedding"][i] = img.astype(np.float16)
                 batch["text_embedding"][i] = txt.astype(np.float16)
-                metas[i] = with_score(metas[i], score)
+                metas[i] = with_fields(metas[i], {"clip_score": score})
         batch["json"] = metas
         return scores
 
@@ -214,79 +175,7 @@ class ClipScore(KeepsTopFraction, ModelStage):
         return None
 
 
-def pictures_of(batch: Columns, row: int) -> list[bytes]:
-    """The image of an image sample, or the sampled frames of a video sample."""
-    col = media_column(batch, row)
-    if col is not None:
-        return [batch[col][row]]
-    frames = sorted(c for c in batch if FRAME_COLUMN.match(c))
-    return [batch[c][row] for c in frames if batch[c][row] is not None]
-
-
-def prepared(
-    encoder: Encoder, media: dict[int, list[bytes]], reasons: list[str | None]
-) -> list[tuple[int, list[np.ndarray]]]:
-    """(row, its pictures as model input) for the rows with a decodable picture; a row with
-    none gets the first picture's reason (`too_many_pixels` read from the header, before any
-    decoding, or `decode_error`)."""
-    pixels, why = encoder.prepare([data for pictures in media.values() for data in pictures])
-    good, at = [], 0
-    for i, pictures in media.items():
-        span = slice(at, at + len(pictures))
-        at += len(pictures)
-        mine = [p for p in pixels[span] if p is not None]
-        if mine:
-            good.append((i, mine))
-        else:
-            reasons[i] = next((r for r in why[span] if r), "decode_error")
-    return good
-
-
-def picture_batches(good: list, size: int) -> list[list]:
-    """Group samples so each group holds about `size` pictures (at least one sample)."""
-    groups, current, count = [], [], 0
-    for item in good:
-        if current and count + len(item[1]) > size:
-            groups.append(current)
-            current, count = [], 0
-        current.append(item)
-        count += len(item[1])
-    return groups + ([current] if current else [])
-
-
-def mean_per_sample(embeddings: np.ndarray, counts: list[int]) -> np.ndarray:
-    """Rows grouped by `counts` -> one normalized mean row per group."""
-    bounds = np.cumsum([0, *counts])
-    spans = zip(bounds[:-1], bounds[1:], strict=True)
-    means = np.stack([embeddings[a:b].mean(axis=0) for a, b in spans])
-    return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
-
-
-def with_score(text: str | None, score: float) -> str:
-    return with_fields(text, {"clip_score": score})
-
-
-def with_fields(text: str | None, fields: dict) -> str:
-    meta = sample_meta(text)
-    meta.update(fields)
-    return meta_json(meta, sort_keys=True, ensure_ascii=False)
-
-
 def encode_texts(encoder: Encoder, texts: list[str]) -> np.ndarray:
     """Normalized text embeddings alone (an empty image batch goes along)."""
     _, embeddings = encoder.encode(np.zeros((0, 1, 1, 3), np.uint8), texts)
     return embeddings
-
-
-def top_fraction_decisions(
-    live: pa.Table, fraction: float, column: str = "clip_score", reason: str = TOP_REASON
-) -> Decisions:
-    """Keep exactly ceil(fraction x N) by `column`: highest score first, then smallest key
-    (any score column: aesthetic_score uses it too)."""
-    keep = top_count(fraction, live.num_rows)
-    order = pc.sort_indices(
-        live.select([column, "__key__"]),
-        sort_keys=[(column, "descending"), ("__key__", "ascending")],
-    )
-    dropped = pc.take(live["__key__"], order[keep:]).to_pylist()
-    return {key: (reason, None) for key in dropped}

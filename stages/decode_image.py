@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -18,18 +17,20 @@ from mmcurate.stages.base import (
     sample_meta,
 )
 from mmcurate.stages.lib.fast_resize import shrink
-from mmcurate.stages.lib.pixels import DECODE_ERRORS, open_image, to_rgb, too_big, upright
+from mmcurate.stages.lib.pixels import (
+    DECODE_ERRORS,
+    FILTERS,
+    allow_pixels,
+    encode,
+    open_image,
+    to_rgb,
+    too_big,
+    upright,
+)
 from PIL import Image
 from pydantic import Field
 
-PIL_FORMATS = {"jpg": "JPEG", "webp": "WEBP", "png": "PNG"}
 MAX_SIDE = {"webp": 16383, "jpg": 65500}  # what the format can hold (PNG: no practical limit)
-FILTERS = {
-    "area": Image.Resampling.BOX,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
 
 
 class ResizeOptions(StageOptions):
@@ -89,15 +90,6 @@ def output_pixels(width: int, height: int, resize: ResizeOptions) -> int:
     return side * side if resize.mode == "center_crop" else new_width * new_height
 
 
-def allow_pixels(limit: int) -> None:
-    """Raise PIL's process-wide decompression-bomb limit to `limit` where it is lower, so
-    images up to `max_pixels` open without PIL's warning or error and larger ones get this
-    stage's own drop reason. Never lifted altogether: a loader in the same process (the demo,
-    a notebook that builds and trains) keeps a bound."""
-    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
-        Image.MAX_IMAGE_PIXELS = limit
-
-
 def target_size(width: int, height: int, resize: ResizeOptions) -> tuple[int, int]:
     """Size after scaling the shorter side to `resize.size` (before any crop)."""
     short = min(width, height)
@@ -130,15 +122,6 @@ def transform(image: Image.Image, resize: ResizeOptions) -> Image.Image:
         side = min(image.size)
         image = image.crop(center_crop_box(image.width, image.height, side))
     return image
-
-
-def encode(image: Image.Image, fmt: str, quality: int) -> bytes:
-    out = io.BytesIO()
-    if fmt == "png":
-        image.save(out, "PNG")
-    else:
-        image.save(out, PIL_FORMATS[fmt], quality=quality)
-    return out.getvalue()
 
 
 @register

@@ -36,7 +36,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from mmcurate.core.config_io import ConfigError, checked_resources
-from mmcurate.core.formats import meta_json
+from mmcurate.core.formats import meta_json, with_fields
 from mmcurate.stages.base import (
     FRAME_COLUMN,
     Columns,
@@ -46,7 +46,6 @@ from mmcurate.stages.base import (
     register,
     sample_meta,
 )
-from mmcurate.stages.clip_score import with_fields
 from mmcurate.stages.lib.captioner import (
     Generation,
     RecaptionModel,

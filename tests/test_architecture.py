@@ -69,7 +69,9 @@ def test_every_import_of_a_part_goes_through_mmcurate():
 
 
 def python_files(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+    """The project's own files: not those of a hidden folder (bench/.venv-*, a tool's venv)."""
+    found = (ROOT / package).rglob("*.py")
+    return sorted(p for p in found if not any(x[0] == "." for x in p.relative_to(ROOT).parts))
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -14,7 +14,7 @@ import torch
 from mmcurate.core.config_io import ConfigError
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
-from mmcurate.stages.clip_score import top_fraction_decisions
+from mmcurate.stages.lib.top_fraction import top_fraction_decisions
 from mmcurate.stages.registry import build_stage
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.train import train

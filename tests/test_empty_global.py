@@ -152,7 +152,7 @@ def test_decide_without_its_column_or_live_rows(stage):
 
 
 def test_bad_json_never_breaks_near_dedupe_or_clip_score():
-    from mmcurate.stages.clip_score import with_score
+    from mmcurate.core.formats import with_fields
 
     metas = [None, "{not json", "[1, 2]", '{"original_width": "x", "original_height": 3}']
     metas += ['{"original_width": 1e400, "original_height": 2}', '{"original_width": -4}']
@@ -160,7 +160,7 @@ def test_bad_json_never_breaks_near_dedupe_or_clip_score():
     sizes = [original_size(metas, row, (32, 24)) for row in range(len(metas))]
     assert sizes == [(32, 24)] * 6 + [(640, 480)]
     for text in metas:
-        assert json.loads(with_score(text, 0.25))["clip_score"] == 0.25
+        assert json.loads(with_fields(text, {"clip_score": 0.25}))["clip_score"] == 0.25
 
 
 def test_tars_holding_no_sample_at_all(ray_session, tmp_path):

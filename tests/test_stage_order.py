@@ -16,8 +16,8 @@ import pytest
 from mmcurate.core.config_io import ConfigError
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
-from mmcurate.stages.clip_score import top_fraction_decisions
 from mmcurate.stages.lib.decisions import top_count
+from mmcurate.stages.lib.top_fraction import top_fraction_decisions
 from mmcurate.stages.registry import build_stages, stage_order, validate_stage_list
 
 from tests.shapes import make_shapes, write_folder

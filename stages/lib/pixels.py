@@ -8,6 +8,7 @@ exact_dedupe of pixels, the perceptual hashes, the CLIP model's input).
   refuses an image over `MAX_PIXELS` (`TooManyPixels`, dropped as `too_many_pixels`, the
   reason decode_image gives) before any pixel is decoded: a 12,000 x 12,000 PNG reaching a
   model stage first took a 1.9 GiB worker. `failure_reason` names any decoding error.
+- `encode`: an image back to jpg/webp/png bytes; `allow_pixels` raises PIL's own limit.
 - `to_rgb` / `to_grey`: any mode to 8 bits. 16-bit, 32-bit and float grey are scaled by their
   range; Pillow's own `convert` clips them (every 16-bit value over 255 became white, so
   distinct 16-bit images all hashed alike), and float images came out black.
@@ -23,6 +24,13 @@ from mmcurate.core.image_errors import PIL_DECODE_ERRORS
 from mmcurate.core.spill import Spilled
 from PIL import Image
 
+PIL_FORMATS = {"jpg": "JPEG", "webp": "WEBP", "png": "PNG"}
+FILTERS = {
+    "area": Image.Resampling.BOX,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
 DECODE_ERRORS = PIL_DECODE_ERRORS  # a per-sample `decode_error`, never a failed task
 # A spilled image (a file above source.spill_bytes, core/spill.py) is decoded from disk, never
 # read whole; above this size it is dropped as `too_big` unopened (no real photo is that big).
@@ -136,3 +144,21 @@ def grey_white(mode: str, top: float) -> float:
         if top <= white:
             return white
     return top
+
+
+def allow_pixels(limit: int) -> None:
+    """Raise PIL's process-wide decompression-bomb limit to `limit` where it is lower, so
+    images up to `max_pixels` open without PIL's warning or error and larger ones get this
+    stage's own drop reason. Never lifted altogether: a loader in the same process (the demo,
+    a notebook that builds and trains) keeps a bound."""
+    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def encode(image: Image.Image, fmt: str, quality: int) -> bytes:
+    out = io.BytesIO()
+    if fmt == "png":
+        image.save(out, "PNG")
+    else:
+        image.save(out, PIL_FORMATS[fmt], quality=quality)
+    return out.getvalue()
