@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from mmcurate.core.tario import iter_tar_samples
 from mmcurate.trainer.config import TrainConfig
-from mmcurate.trainer.train import train, training_transport
+from mmcurate.trainer.train import train
+from mmcurate.trainer.train_data import training_transport
 
 
 def write_manifest(shards: Path) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from mmcurate.core.tario import write_tar
+from mmcurate.core.tar_writer import write_tar
 from mmcurate.pipeline.runtime.loopback import loopback_only_env
 from mmcurate.pipeline.runtime.objectstore import LocalS3
 

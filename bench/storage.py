@@ -27,7 +27,7 @@ os.environ.update(loopback_only_env())
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
-from mmcurate.core.tario import write_tar  # noqa: E402
+from mmcurate.core.tar_writer import write_tar
 from mmcurate.pipeline.build import run_build  # noqa: E402
 from mmcurate.pipeline.config import BuildConfig  # noqa: E402
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from mmcurate.core.tario import write_tar
+from mmcurate.core.tar_writer import write_tar
 from PIL import Image, ImageDraw
 
 COLOURS = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from mmcurate.core.spill import SPILL_PREFIX
-from mmcurate.core.tario import member_header
+from mmcurate.core.tar_writer import member_header
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 

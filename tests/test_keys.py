@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from mmcurate.core.formats import MEMBER_COLUMNS
+from mmcurate.core.tar_writer import write_tar
 from mmcurate.core.tario import (
     CLEAN_KEY,
     CLIP_SUFFIX,
@@ -19,7 +20,6 @@ from mmcurate.core.tario import (
     iter_tar_samples,
     safe_key,
     split_member_name,
-    write_tar,
 )
 from mmcurate.pipeline.config import SourceConfig
 from mmcurate.pipeline.sources.partitions import plan_source, read_partition

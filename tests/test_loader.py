@@ -381,7 +381,8 @@ def test_ray_train_launch_runs_two_ranks(uneven_manifest, tmp_path, ray_session)
 
 
 def tiny_parts(loss: str = "clip"):
-    from mmcurate.trainer.train import Dist, build_parts
+    from mmcurate.trainer.dist.world import Dist
+    from mmcurate.trainer.step import build_parts
 
     cfg = TrainConfig.model_validate(
         {"data": {"manifest": "x"}, "model": {"loss": loss}, "run": {"output": "x"}}
@@ -404,7 +405,7 @@ def random_batch(tokenizer, n: int, seed: int):
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_accumulated_gradients_equal_one_big_batch(loss):
     from mmcurate.trainer.data.dataset import Batch
-    from mmcurate.trainer.train import accumulated_backward, clip_features, contrastive_loss
+    from mmcurate.trainer.step import accumulated_backward, clip_features, contrastive_loss
 
     parts, _, tokenizer = tiny_parts(loss)
     small = [random_batch(tokenizer, 8, seed) for seed in (1, 2, 3)]
@@ -438,7 +439,7 @@ def test_siglip_and_accumulation_train_through_the_loader(uneven_manifest, tmp_p
 def test_device_decode_gives_the_same_batches(uneven_manifest, tiny_transform):
     """data.gpu_decode: workers pass JPEG bytes and the training device decodes and crops
     them (here the CPU, through the same code path nvJPEG takes on CUDA)."""
-    from mmcurate.trainer.train import DevicePrefetcher
+    from mmcurate.trainer.data.prefetch import DevicePrefetcher
 
     transform, tokenizer = tiny_transform
     manifest = read_manifest(str(uneven_manifest))
@@ -500,7 +501,7 @@ def test_torchrun_accumulation_and_siglip_on_two_ranks(uneven_manifest, tmp_path
 def test_a_short_shard_and_an_undecodable_jpeg_are_replaced(tmp_path, tiny_transform):
     """A shard holding fewer samples than the manifest says, and a JPEG that only its header
     makes look valid: batches stay full and every step still comes."""
-    from mmcurate.trainer.train import DevicePrefetcher
+    from mmcurate.trainer.data.prefetch import DevicePrefetcher
 
     manifest_path = write_uneven_shards(tmp_path, sizes=(40, 24))
     doc = json.loads(manifest_path.read_text())

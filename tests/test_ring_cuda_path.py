@@ -13,11 +13,11 @@ import pytest
 import torch
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.data.dataset import ShardDataset
+from mmcurate.trainer.data.prefetch import DevicePrefetcher
 from mmcurate.trainer.data.ring import DEVICE_HOLD, RingLoader
 from mmcurate.trainer.dist.world import Dist
 from mmcurate.trainer.models import build_model
-from mmcurate.trainer.train import (
-    DevicePrefetcher,
+from mmcurate.trainer.train_data import (
     make_dataset,
     make_training_loader,
     read_sources,

@@ -3,11 +3,14 @@
 import io
 import json
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from mmcurate.core.config_io import ConfigError
-from mmcurate.core.tario import iter_tar_samples, sample_members, split_member_name, write_tar
-from mmcurate.pipeline.output.shards import TAR_END_BYTES, plan_shards
+from mmcurate.core.tar_writer import sample_members, write_tar
+from mmcurate.core.tario import iter_tar_samples, split_member_name
+from mmcurate.pipeline.output.layout import ShardPlanner
+from mmcurate.pipeline.output.shards import TAR_END_BYTES
 from mmcurate.pipeline.sources.samples import empty_batch, sanitize_key
 from mmcurate.stages.base import DROP, DROP_STAGE
 from mmcurate.stages.registry import build_stage, build_stages
@@ -200,6 +203,15 @@ def test_stage_config_errors_name_the_key(spec, message):
         build_stage(spec)
     assert str(err.value).startswith(message)
     assert "\n" not in str(err.value)
+
+
+def plan_shards(sizes: list[int], max_samples: int, max_bytes: int) -> list[tuple[int, int]]:
+    """The build's shard plan over these sample sizes, fed in two pieces as groups are."""
+    planner = ShardPlanner(max_samples, max_bytes)
+    half = len(sizes) // 2
+    planner.feed(np.array(sizes[:half], dtype=np.int64))
+    planner.feed(np.array(sizes[half:], dtype=np.int64))
+    return planner.ranges()
 
 
 def test_plan_shards_respects_both_limits_and_order():

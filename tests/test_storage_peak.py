@@ -23,7 +23,7 @@ import pytest
 import yaml
 from mmcurate.core.atomic import open_atomic
 from mmcurate.core.storage import filesystem
-from mmcurate.core.tario import TarWriter, write_tar
+from mmcurate.core.tar_writer import TarWriter, write_tar
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.output import media_index

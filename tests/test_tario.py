@@ -8,7 +8,8 @@ import random
 import tarfile
 
 import pytest
-from mmcurate.core.tario import iter_tar_samples, member_header, sample_members, write_tar
+from mmcurate.core.tar_writer import member_header, sample_members, write_tar
+from mmcurate.core.tario import iter_tar_samples
 
 
 def tarfile_bytes(samples: list[dict], prefix: bytes = b"") -> tuple[bytes, list[tuple[int, int]]]:

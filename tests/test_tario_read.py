@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mmcurate.core.tario import group_samples, iter_tar_samples, write_tar
+from mmcurate.core.tar_writer import write_tar
+from mmcurate.core.tario import group_samples, iter_tar_samples
 
 
 def tarfile_samples(

@@ -17,13 +17,15 @@ import pytest
 import torch
 import yaml
 from mmcurate.core.config_io import ConfigError
+from mmcurate.core.manifest import ManifestError
 from mmcurate.core.tario import iter_tar_samples, split_member_name
 from mmcurate.trainer.checkpoint import load_checkpoint
 from mmcurate.trainer.cli import main
 from mmcurate.trainer.config import TrainConfig, load_train_config, parse_size
 from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset
-from mmcurate.trainer.data.manifest import ManifestError, read_manifest
-from mmcurate.trainer.train import lr_factor, train
+from mmcurate.trainer.data.manifest import read_manifest
+from mmcurate.trainer.step import lr_factor
+from mmcurate.trainer.train import train
 from PIL import Image, ImageEnhance
 from skimage import data as skdata
 
@@ -371,7 +373,7 @@ def test_tensorboard_gets_the_metrics_rows(manifest_path, tmp_path):
 
 
 def test_resume_drops_log_lines_written_after_the_checkpoint(tmp_path):
-    from mmcurate.trainer.train import trim_log
+    from mmcurate.trainer.run_log import trim_log
 
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)))

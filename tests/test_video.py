@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import webdataset as wds
-from mmcurate.core.tario import iter_tar_samples, write_tar
+from mmcurate.core.tar_writer import write_tar
+from mmcurate.core.tario import iter_tar_samples
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.video_data import (

@@ -24,7 +24,7 @@ from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.data.batch import Batch
 from mmcurate.trainer.dist.fsdp import is_zero, weights_and_optimizer
 from mmcurate.trainer.dist.world import Dist, barrier, leave, setup_distributed
-from mmcurate.trainer.step import Parts, build_parts, train_step
+from mmcurate.trainer.step import Parts, build_parts, guarded_step
 from mmcurate.trainer.train_state import (
     LoopState,
     previous_checkpoint,
@@ -54,7 +54,7 @@ def step(parts: Parts, tokenizer, place: Dist, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed * 10 + place.rank)
     images = torch.rand(4, 3, 64, 64, generator=generator)
     tokens = tokenizer([f"a photo of thing {i}" for i in range(4)])
-    train_step(parts, [Batch(images, tokens, [f"k{i}" for i in range(4)])])
+    guarded_step(parts, [Batch(images, tokens, [f"k{i}" for i in range(4)])])
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,9 @@ import os
 import sys
 
 from mmcurate.core.config_io import ConfigError, add_overrides, one_line
+from mmcurate.core.manifest import ManifestError
 from mmcurate.trainer.config import load_train_config
-from mmcurate.trainer.data.manifest import ManifestError, read_manifest
+from mmcurate.trainer.data.manifest import read_manifest
 from mmcurate.trainer.outputs import check_output
 
 

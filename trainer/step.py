@@ -125,11 +125,6 @@ class StepResult:
     applied: bool  # False: the guard skipped the update
 
 
-def train_step(parts: Parts, batches: list[Batch]) -> torch.Tensor:
-    """One optimizer step (unguarded); returns the detached loss."""
-    return guarded_step(parts, batches).loss
-
-
 def guarded_step(parts: Parts, batches: list[Batch], guard: StepGuard | None = None) -> StepResult:
     """One optimizer step over one batch, or over `accum_freq` batches as open_clip does:
     features of all of them first (no grad), then each batch again with grad against the

@@ -51,26 +51,17 @@ from mmcurate.trainer.run_log import (
     LogFiles,
     Meter,
     require_tensorboard,
-    tensorboard_writer,
-    trim_log,
 )
 from mmcurate.trainer.step import (
     Parts,
-    accumulated_backward,
-    autocast,
     build_parts,
-    clip_features,
-    contrastive_loss,
-    lr_factor,
     lr_of,
     planned_steps,
 )
 from mmcurate.trainer.train_data import (
-    DEFAULT_CACHE_LIMIT,
     make_dataset,
     make_training_loader,
     read_sources,
-    training_transport,
 )
 from mmcurate.trainer.train_state import (
     LoopState,
@@ -82,7 +73,6 @@ from mmcurate.trainer.train_state import (
     minutes_due,
     previous_checkpoint,
     restarted_config,
-    restore_state,
     save_shards,
     save_state,
     start_state,
@@ -90,29 +80,6 @@ from mmcurate.trainer.train_state import (
 from tqdm import tqdm
 
 # Names other modules, tests and benches import from here (they moved in the split).
-__all__ = [
-    "DEFAULT_CACHE_LIMIT",
-    "DevicePrefetcher",
-    "Dist",
-    "LoopState",
-    "Trainer",
-    "accumulated_backward",
-    "autocast",
-    "build_parts",
-    "clip_features",
-    "contrastive_loss",
-    "lr_factor",
-    "make_dataset",
-    "make_training_loader",
-    "read_sources",
-    "restore_state",
-    "save_state",
-    "tensorboard_writer",
-    "train",
-    "training_transport",
-    "trim_log",
-]
-
 log = logging.getLogger(__name__)
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmcurate.core.manifest import Manifest
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
-from mmcurate.trainer.data.manifest import Manifest, read_manifest
+from mmcurate.trainer.data.manifest import read_manifest
 from mmcurate.trainer.data.resplit import ResplitDataset
 from mmcurate.trainer.data.ring import Transport, transport
 from mmcurate.trainer.dist.world import Dist

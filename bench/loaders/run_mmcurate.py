@@ -121,7 +121,7 @@ def main() -> None:
     import torch
     from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
     from mmcurate.trainer.data.manifest import read_manifest
-    from mmcurate.trainer.train import DevicePrefetcher
+    from mmcurate.trainer.data.prefetch import DevicePrefetcher
 
     torch.set_num_threads(1)  # as a training process next to its loader workers would
     preprocess, tokenizer = common.transform(args.model)

@@ -19,7 +19,7 @@ from typing import Any
 from mmcurate.core.atomic import open_atomic
 from mmcurate.core.spill import Media, Spilled, media_size, release
 from mmcurate.core.storage import filesystem
-from mmcurate.core.tario import BLOCK, TarWriter, sample_media, write_member
+from mmcurate.core.tar_writer import BLOCK, TarWriter, sample_media, write_member
 from mmcurate.pipeline.output.json_fill import JSON_AT
 from mmcurate.pipeline.output.media_index import PartitionMedia, addressed
 from mmcurate.pipeline.output.media_table import payload_digest, record_bytes

@@ -1,4 +1,4 @@
-"""Phase C's plan from per-group kept tables: the same greedy shards as `shards.plan_shards`,
+"""Phase C's plan from per-group kept tables: greedy contiguous shards,
 planned by streaming each group's kept sizes once, so the driver holds one group's sizes and
 the shard boundaries (O(shards)), never every kept row.
 
@@ -59,9 +59,9 @@ def write_kept(
 
 
 class ShardPlanner:
-    """Greedy contiguous shards over a stream of sample sizes (the rule of `plan_shards`: a
-    shard closes before the sample that would pass `max_samples` samples or `max_bytes` bytes;
-    a sample larger than `max_bytes` gets a shard of its own)."""
+    """Greedy contiguous shards over a stream of sample sizes: a shard closes before the
+    sample that would pass `max_samples` samples or `max_bytes` bytes; a sample larger than
+    `max_bytes` gets a shard of its own."""
 
     def __init__(self, max_samples: int, max_bytes: int) -> None:
         self.max_samples, self.max_bytes = max_samples, max_bytes

@@ -18,12 +18,12 @@ import contextlib
 import hashlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO
 
 from mmcurate.core.atomic import open_atomic, write_parquet
 from mmcurate.core.storage import filesystem, is_local, join, with_retries
 from mmcurate.pipeline.output.json_fill import shard_fills
-from mmcurate.pipeline.output.shard_format import TAR_END_BYTES, shard_name
+from mmcurate.pipeline.output.shard_format import TAR_END_BYTES
 from mmcurate.pipeline.output.shard_metadata import metadata_row, metadata_table, spec_records
 
 HASH_CHUNK = 1 << 20  # bytes of a local candidate hashed per read
@@ -34,37 +34,6 @@ KERNEL_COPY = hasattr(os, "copy_file_range")  # Linux: local shards copied witho
 
 def candidate_name(part: int) -> str:
     return f"part-{part:06d}.tar"
-
-
-def plan_shards(sizes: list[int], max_samples: int, max_bytes: int) -> list[tuple[int, int]]:
-    """Greedy contiguous [start, end) ranges over samples of the given tar sizes."""
-    ranges: list[tuple[int, int]] = []
-    start, used = 0, TAR_END_BYTES
-    for i, size in enumerate(sizes):
-        full = i - start >= max_samples or (i > start and used + size > max_bytes)
-        if full:
-            ranges.append((start, i))
-            start, used = i, TAR_END_BYTES
-        used += size
-    if start < len(sizes):
-        ranges.append((start, len(sizes)))
-    return ranges
-
-
-def shard_specs(kept: list[dict[str, Any]], max_samples: int, max_bytes: int) -> list[dict]:
-    """kept rows (`__key__`, `__part__`, `__offset__`, `__bytes__`, in output order) -> one spec
-    per shard: its name and, per candidate partition, the (key, offset, length) to copy."""
-    ranges = plan_shards([row["__bytes__"] for row in kept], max_samples, max_bytes)
-    specs = []
-    for index, (start, end) in enumerate(ranges):
-        grouped: dict[int, list[tuple[str, int, int]]] = {}
-        for row in kept[start:end]:
-            span = (row["__key__"], row["__offset__"], row["__bytes__"])
-            grouped.setdefault(row["__part__"], []).append(span)
-        specs.append(
-            {"name": shard_name(index), "samples": end - start, "parts": sorted(grouped.items())}
-        )
-    return specs
 
 
 def merged_runs(spans: list[tuple[str, int, int]]) -> list[tuple[int, int]]:

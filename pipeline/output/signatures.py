@@ -30,6 +30,7 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
         "__parent__": pa.string(),
         "sha256": pa.string(),
         "url": pa.string(),
+        "fetched_at": pa.string(),  # download's fetch time (not in the json: see download.py)
         "phash": pa.uint64(),
         "phash_crops": pa.list_(pa.uint64()),
         "thumb": pa.binary(),
@@ -50,18 +51,6 @@ def signature_table(rows: list[dict[str, Any]]) -> pa.Table:
     columns += [c for c in ("__bytes__", "__offset__") if c not in columns]
     arrays = {c: pa.array([r.get(c) for r in rows], type=types.get(c)) for c in columns}
     return pa.table(arrays)
-
-
-def with_string_columns(table: pa.Table, columns: dict[str, list]) -> pa.Table:
-    """`table` with these columns set (replaced or appended), each as strings (drop reasons,
-    drop stages, kept keys, shard names)."""
-    for name, values in columns.items():
-        array = pa.array(values, type=pa.string())
-        if name in table.column_names:
-            table = table.set_column(table.column_names.index(name), name, array)
-        else:
-            table = table.append_column(name, array)
-    return table
 
 
 def published_table(signatures: pa.Table) -> pa.Table:

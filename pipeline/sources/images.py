@@ -27,7 +27,6 @@ from mmcurate.pipeline.sources.samples import (
     append_sample,
     decode_caption,
     empty_batch,
-    whole_batch,
 )
 from mmcurate.pipeline.sources.videos import (
     disambiguate_keys,
@@ -90,11 +89,6 @@ def digest(value: Any) -> str:
 
 def sidecar_path(root: str, entry: dict[str, Any], ext: str) -> str:
     return f"{root}/{entry['rel'].rpartition('.')[0]}.{ext}"
-
-
-def read_images(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
-    """One partition's image bytes, captions and metadata, as one batch."""
-    return whole_batch(image_chunks(part, storage_options, WHOLE))
 
 
 def image_chunks(

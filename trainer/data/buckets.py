@@ -32,6 +32,7 @@ import fsspec
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+from mmcurate.core.manifest import Manifest, ManifestError, Shard
 from mmcurate.trainer.data.batch import Batch
 from mmcurate.trainer.data.bucket_plan import (
     NO_BUCKET,
@@ -44,7 +45,7 @@ from mmcurate.trainer.data.bucket_plan import (
 from mmcurate.trainer.data.collate import trained_member
 from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
 from mmcurate.trainer.data.hold import SampleStore
-from mmcurate.trainer.data.manifest import Manifest, ManifestError, Shard, read_manifest
+from mmcurate.trainer.data.manifest import read_manifest
 from mmcurate.trainer.data.plan import Layout, epoch_pieces
 from torchvision.transforms import Compose, Normalize, ToTensor
 

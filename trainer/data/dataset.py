@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from mmcurate.core.manifest import Manifest
 from mmcurate.trainer.data.batch import Batch, NoData
 from mmcurate.trainer.data.collate import BatchDecoding, trained_member
 from mmcurate.trainer.data.hold import SampleStore
-from mmcurate.trainer.data.manifest import Manifest, NoUsableData
+from mmcurate.trainer.data.manifest import NoUsableData
 from mmcurate.trainer.data.plan import (
     Layout,
     Piece,

@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager
 from typing import IO, Any
 
 import fsspec
+from mmcurate.core.manifest import Shard
 from mmcurate.core.storage import protocol_of, with_retries
 from mmcurate.core.tario import (
     EXT_ALIASES,
@@ -36,7 +37,6 @@ from mmcurate.core.tario import (
 )
 from mmcurate.trainer.data.cache import ShardCache
 from mmcurate.trainer.data.hold import SampleStore
-from mmcurate.trainer.data.manifest import Shard
 from mmcurate.trainer.data.plan import Segment
 from mmcurate.trainer.data.verify import (
     DAMAGED_TAR,

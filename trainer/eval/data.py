@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import yaml
 from mmcurate.core.formats import IMAGE_COLUMNS, sample_meta
+from mmcurate.core.manifest import Manifest
 from mmcurate.core.storage import filesystem, is_local, release_sessions, with_protocol
-from mmcurate.trainer.data.manifest import Manifest
 from mmcurate.trainer.data.plan import Segment
 from mmcurate.trainer.data.reader import ShardReader
 from mmcurate.trainer.data.transform import DECODE_ERRORS, open_image

@@ -22,8 +22,8 @@ from typing import Any
 
 from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.config_io import ConfigError, add_overrides, one_line
+from mmcurate.core.manifest import ManifestError
 from mmcurate.core.storage import check_reachable, filesystem, protocol_of
-from mmcurate.trainer.data.manifest import ManifestError
 from mmcurate.trainer.eval.config import (  # noqa: F401  (re-exported: the command's config types)
     MAX_K,
     EvalConfig,

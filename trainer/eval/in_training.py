@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 from mmcurate.core.config_io import ConfigError
+from mmcurate.core.manifest import ManifestError
 from mmcurate.trainer.config import TrainConfig
-from mmcurate.trainer.data.manifest import ManifestError, NoUsableData
+from mmcurate.trainer.data.manifest import NoUsableData
 from mmcurate.trainer.dist.world import Dist, from_rank0
 from mmcurate.trainer.eval.data import EvalDataError
 from mmcurate.trainer.eval.evaluate import (

@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 from mmcurate.core.config_io import ConfigError, add_overrides, one_line
+from mmcurate.core.manifest import ManifestError
 from mmcurate.trainer.config import TrainConfig, load_train_config
 from mmcurate.trainer.data.dataset import make_loader
-from mmcurate.trainer.data.manifest import ManifestError
 from mmcurate.trainer.data.prefetch import DevicePrefetcher, timed
 from mmcurate.trainer.dist.world import Dist
 from mmcurate.trainer.probe.ladder import ladder_here, ladder_in_child
 from mmcurate.trainer.probe.sizing import recommend
 from mmcurate.trainer.run_log import Meter
 from mmcurate.trainer.step import build_parts, guarded_step
-from mmcurate.trainer.train import make_dataset, make_training_loader, read_sources
+from mmcurate.trainer.train_data import make_dataset, make_training_loader, read_sources
 
 log = logging.getLogger("mmcurate.trainer.probe.run")  # also when run as __main__
 GIB = 2**30
