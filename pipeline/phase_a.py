@@ -16,6 +16,7 @@ from mmcurate.core.spill import Spilled, remove_folder, set_task_folder, spill_f
 from mmcurate.core.storage import join
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.output.candidates import ClaimLost, noted, run_chain, write_candidate
+from mmcurate.pipeline.output.groups import signatures_name
 from mmcurate.pipeline.output.markers import done_parts, mark, part_marker
 from mmcurate.pipeline.output.media_index import (
     Index,
@@ -28,6 +29,7 @@ from mmcurate.pipeline.output.resume import Claim
 from mmcurate.pipeline.output.shard_metadata import candidate_metadata, metadata_name
 from mmcurate.pipeline.output.shards import candidate_name
 from mmcurate.pipeline.output.signatures import signature_table
+from mmcurate.pipeline.output.work_names import CANDIDATES, SIGNATURES
 from mmcurate.pipeline.runtime.actors import RemoteEncoder, start_pools, stop_pools
 from mmcurate.pipeline.runtime.session import fitted_memory, run_tasks
 from mmcurate.pipeline.sources.partitions import read_chunks
@@ -133,7 +135,7 @@ def write_partition(
     sizes: deque[int] = deque()  # each chunk's samples as read, reported once it is written
     read = map(partial(sized, sizes=sizes), read_chunks(part, cfg.storage_options, reading))
     chunks = map(partial(noted, inputs=inputs), read)
-    folder = join(claim.work_url, "candidates")
+    folder = join(claim.work_url, CANDIDATES)
     url = join(folder, candidate_name(part["part"]))
     media = None if index is None else PartitionMedia(part["part"], index)
     try:
@@ -147,7 +149,7 @@ def write_partition(
     )
     record = {"part": part["part"]} | finish_partition(media, folder, cfg.storage_options)
     mark(claim, part_marker(claim.work_url, part["part"]), record)
-    signatures_url = join(claim.work_url, "signatures", f"part-{part['part']:06d}.parquet")
+    signatures_url = join(claim.work_url, SIGNATURES, signatures_name(part["part"]))
     write_parquet(signature_table(rows), signatures_url, cfg.storage_options)
     if media is not None:
         media.register()  # pending until the driver has this task's result

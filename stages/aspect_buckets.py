@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from mmcurate.core.formats import with_fields
+from mmcurate.core.formats import IMAGE_COLUMNS, with_fields
 from mmcurate.core.spill import open_media
-from mmcurate.stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, media_column, register
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
 from mmcurate.stages.lib import buckets as plan
 from mmcurate.stages.lib.fast_resize import shrink
 from mmcurate.stages.lib.pixels import (

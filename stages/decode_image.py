@@ -5,17 +5,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-from mmcurate.core.formats import meta_json
+from mmcurate.core.formats import IMAGE_COLUMNS, meta_json, sample_meta
 from mmcurate.core.spill import Spilled
-from mmcurate.stages.base import (
-    IMAGE_COLUMNS,
-    Columns,
-    Stage,
-    StageOptions,
-    media_column,
-    register,
-    sample_meta,
-)
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
 from mmcurate.stages.lib.fast_resize import shrink
 from mmcurate.stages.lib.pixels import (
     DECODE_ERRORS,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from mmcurate.core.formats import meta_json
-from mmcurate.stages.base import Columns, Stage, StageOptions, register, sample_meta
+from mmcurate.core.formats import meta_json, sample_meta
+from mmcurate.stages.base import Columns, Stage, StageOptions, register
 from mmcurate.stages.lib.text_language import shared_detector, unknown_codes
 from pydantic import Field, field_validator
 

@@ -17,7 +17,8 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
-from mmcurate.stages.base import Columns, Stage, StageOptions, register, sample_meta
+from mmcurate.core.formats import sample_meta
+from mmcurate.stages.base import Columns, Stage, StageOptions, register
 from pydantic import Field, field_validator
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {

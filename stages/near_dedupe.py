@@ -27,16 +27,9 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+from mmcurate.core.formats import FRAME_COLUMN, sample_meta
 from mmcurate.core.mapreduce import LocalRunner, Runner, partitions_for, split_range
-from mmcurate.stages.base import (
-    FRAME_COLUMN,
-    Columns,
-    Stage,
-    StageOptions,
-    media_column,
-    register,
-    sample_meta,
-)
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
 from mmcurate.stages.lib.dedupe_common import (
     Decisions,
     group_decisions,

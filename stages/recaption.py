@@ -36,16 +36,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from mmcurate.core.config_io import ConfigError, checked_resources
-from mmcurate.core.formats import meta_json, with_fields
-from mmcurate.stages.base import (
-    FRAME_COLUMN,
-    Columns,
-    ModelStage,
-    StageOptions,
-    media_column,
-    register,
-    sample_meta,
-)
+from mmcurate.core.formats import FRAME_COLUMN, meta_json, sample_meta, with_fields
+from mmcurate.stages.base import Columns, ModelStage, StageOptions, media_column, register
 from mmcurate.stages.lib.captioner import (
     Generation,
     RecaptionModel,

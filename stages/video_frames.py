@@ -18,18 +18,9 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-from mmcurate.core.formats import FRAME_COLUMN, meta_json
+from mmcurate.core.formats import FRAME_COLUMN, VIDEO_COLUMNS, frame_column, meta_json, sample_meta
 from mmcurate.core.spill import Media, Spilled, release, spill_bytes, task_folder
-from mmcurate.stages.base import (
-    VIDEO_COLUMNS,
-    Columns,
-    Stage,
-    StageOptions,
-    frame_column,
-    media_column,
-    register,
-    sample_meta,
-)
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
 from mmcurate.stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from mmcurate.stages.lib.video_decode import sample_video
 from pydantic import Field

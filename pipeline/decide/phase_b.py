@@ -38,6 +38,7 @@ from mmcurate.pipeline.output.groups import (
     read_parquet,
     write_fate,
 )
+from mmcurate.pipeline.output.work_names import round_folder, round_name
 from mmcurate.stages.base import DROP, DROP_STAGE, Stage
 from mmcurate.stages.lib.decisions import REPEATED_KEYS, KeyedDecision, TopFraction
 from mmcurate.stages.registry import stage_order
@@ -55,14 +56,14 @@ def decide(groups: Groups, stages: list[Stage], runner: Runner) -> str:
     rounds: list[tuple[str, Any, Stage | None]] = [("source", REPEATED_KEYS, None)]
     rounds += [(s.label, s.decide_plan(), s) for s in stages if s.is_global and s.decides()]
     for number, (label, plan, stage) in enumerate(rounds, start=1):
-        following = f"{number:03d}"
+        following = round_name(number)
         if isinstance(plan, KeyedDecision):
             keyed_round(groups, (current, following), label, plan, runner)
         elif isinstance(plan, TopFraction):
             top_round(groups, (current, following), label, plan, runner, reached_by(stage, stages))
         else:
             gather_round(groups, (current, following), label, stage, runner)
-        drop_scratch(groups, [f"fate-{current}", f"shuffle-{following}"])
+        drop_scratch(groups, [round_folder("fate", current), round_folder("shuffle", following)])
         current = following
     return current
 

@@ -16,6 +16,7 @@ from mmcurate.pipeline.output.groups import (
     read_parquet,
     write_fate,
 )
+from mmcurate.pipeline.output.work_names import round_folder
 from mmcurate.stages.base import DROP, DROP_STAGE
 from mmcurate.stages.lib.decisions import split_by
 
@@ -36,7 +37,7 @@ def live_table(
 
 
 def shuffle_url(groups: Groups, round_name: str, name: str) -> str:
-    return groups.scratch(f"shuffle-{round_name}", f"{name}.parquet")
+    return groups.scratch(round_folder("shuffle", round_name), f"{name}.parquet")
 
 
 def decision_url(groups: Groups, round_name: str, source: int, group: int) -> str:

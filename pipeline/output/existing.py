@@ -22,18 +22,12 @@ from mmcurate.pipeline.output.publish import (
     PUBLISHED_FOLDERS,
     RESERVED_FILES,
     SHARD_PREFIX,
-    WORK_NAMES,
     manifest_files,
     ours_manifest,
     safe_recorded,
     temp_of,
 )
-
-WORK_DIR = "_work"
-
-
-BUILD_FILE = "build.json"
-
+from mmcurate.pipeline.output.work_names import BUILD_FILE, WORK_DIR, WORK_NAMES
 
 TOOL = "mmcurate"
 

@@ -22,6 +22,13 @@ import pyarrow.parquet as pq
 from mmcurate.core.atomic import write_parquet
 from mmcurate.core.mapreduce import Runner
 from mmcurate.core.storage import cat_many, filesystem, join, with_retries
+from mmcurate.pipeline.output.work_names import (
+    DECIDE,
+    SIGNATURES,
+    group_file,
+    part_file,
+    round_folder,
+)
 from mmcurate.stages.base import DROP, DROP_STAGE
 
 ROWS_PER_GROUP = 1_000_000  # a group task holds about this many rows' decision columns
@@ -38,7 +45,7 @@ FATE_COLUMNS = ("__part__", "__index__", "__key__", DROP, DROP_STAGE, "duplicate
 
 def signatures_name(part: int) -> str:
     """A partition's signature file in `_work/signatures/` (phase A's completion mark)."""
-    return f"part-{part:06d}.parquet"
+    return part_file(part, "parquet")
 
 
 @dataclass(frozen=True)
@@ -56,20 +63,20 @@ class Groups:
         return len(self.parts)
 
     def signatures_url(self, part: int) -> str:
-        return join(self.work_url, "signatures", signatures_name(part))
+        return join(self.work_url, SIGNATURES, signatures_name(part))
 
     def scratch(self, *names: str) -> str:
-        return join(self.work_url, "decide", *names)
+        return join(self.work_url, DECIDE, *names)
 
     def group_url(self, group: int) -> str:
         """The group's signature rows in one file, in output order (decide's first round)."""
-        return self.scratch("signatures", f"g-{group:06d}.parquet")
+        return self.scratch("signatures", group_file(group))
 
     def fate_url(self, round_name: str, group: int) -> str:
-        return self.scratch(f"fate-{round_name}", f"g-{group:06d}.parquet")
+        return self.scratch(round_folder("fate", round_name), group_file(group))
 
     def kept_url(self, group: int) -> str:
-        return self.scratch("kept", f"g-{group:06d}.parquet")
+        return self.scratch("kept", group_file(group))
 
 
 def plan_groups(

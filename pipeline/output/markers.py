@@ -8,6 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.storage import cat_many, filesystem, join
+from mmcurate.pipeline.output.work_names import (
+    PARTS,
+    SHARDS,
+    SIGNATURES,
+    part_file,
+    part_number,
+    shard_marker_name,
+)
 
 if TYPE_CHECKING:
     from mmcurate.pipeline.output.resume import Claim
@@ -15,11 +23,11 @@ if TYPE_CHECKING:
 
 def part_marker(work_url: str, part: int) -> str:
     """Written just before the partition's signatures (its completion mark): who wrote them."""
-    return join(work_url, "parts", f"part-{part:06d}.json")
+    return join(work_url, PARTS, part_file(part, "json"))
 
 
 def shard_marker(work_url: str, name: str) -> str:
-    return join(work_url, "shards", name.replace(".tar", ".json"))
+    return join(work_url, SHARDS, shard_marker_name(name))
 
 
 ENTRY_KEYS = ("name", "samples", "bytes", "sha256")  # a shard's manifest entry
@@ -33,16 +41,17 @@ def mark(claim: Claim, url: str, record: dict[str, Any]) -> None:
 
 def done_parts(claim: Claim) -> set[int]:
     """Partitions whose signatures exist and whose marker names this build and a run it trusts."""
-    fs, folder = filesystem(join(claim.work_url, "signatures"), claim.storage_options)
+    fs, folder = filesystem(join(claim.work_url, SIGNATURES), claim.storage_options)
     fs.invalidate_cache(folder)  # other processes wrote there: never trust a cached listing
     found = fs.glob(join(folder, "part-*.parquet")) if fs.exists(folder) else []
-    signed = {path.rpartition("/")[2].removesuffix(".parquet") for path in found}
-    return {int(name[5:]) for name in done_records(claim, "parts") if name in signed}
+    signed = {part_number(path.rpartition("/")[2]) for path in found}
+    trusted = {part_number(f"{name}.json") for name in done_records(claim, PARTS)}
+    return {part for part in signed & trusted if part is not None}
 
 
 def done_shards(claim: Claim) -> dict[str, dict]:
     """Manifest entries of final shards already written by this build and a run it trusts."""
-    records = done_records(claim, "shards").values()
+    records = done_records(claim, SHARDS).values()
     return {r["name"]: {key: r[key] for key in ENTRY_KEYS} for r in records}
 
 

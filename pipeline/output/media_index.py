@@ -36,6 +36,7 @@ from mmcurate.pipeline.output.media_table import (
     MediaTable,
     media_name,
 )
+from mmcurate.pipeline.output.work_names import part_stem
 
 log = logging.getLogger("mmcurate.build")
 
@@ -304,7 +305,7 @@ def start_run_index(claim: Any, done: set[int], todo: list[dict], output: Any) -
     from mmcurate.pipeline.runtime.session import local_pool
 
     records = done_records(claim, "parts")
-    with_media = sorted(p for p in done if records.get(f"part-{p:06d}", {}).get("media"))
+    with_media = sorted(p for p in done if records.get(part_stem(p), {}).get("media"))
     payloads = committed_payloads(
         join(claim.work_url, "candidates"), with_media, claim.storage_options
     )

@@ -9,6 +9,7 @@ import threading
 
 from mmcurate.core.spill import COPY_BLOCK, Media, Spilled
 from mmcurate.core.tar_writer import BLOCK, member_header
+from mmcurate.pipeline.output.work_names import part_file
 
 ENTRY_BYTES = 200  # about what one digest and its location hold in the table (measured)
 
@@ -24,7 +25,7 @@ Location = tuple[int, int, int]  # (partition, payload offset in its candidate t
 
 def media_name(part: int) -> str:
     """`candidates/part-000000.media.parquet`: a partition's payload digests and references."""
-    return f"part-{part:06d}.media.parquet"
+    return part_file(part, "media.parquet")
 
 
 def payload_digest(data: Media) -> bytes:

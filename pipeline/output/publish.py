@@ -29,23 +29,6 @@ RESERVED_FILES = (MANIFEST, "stats.json", "report.html", "shardindex.json", "buc
 PUBLISHED_FOLDERS = ("signatures", "embeddings")
 SHARD_PREFIX = "shard-"
 ATOMIC_TMP = re.compile(r"(.+)\.tmp-[0-9a-f]{32}")  # atomic.write_bytes_atomic's temp names
-# Every name a build writes inside _work/ (its folders too: some stores list them as entries),
-# temp copies of interrupted writes included (pipeline.build, shards, decide, source_staging).
-_TMP = r"(\.tmp-[0-9a-f]{32})?"
-_PART, _ROUND = r"part-[0-9]{6,}", r"decide/(signatures|kept|fate-[0-9]{3}|shuffle-[0-9]{3})"
-WORK_NAMES = re.compile(
-    "|".join(
-        [
-            r"build\.json\.tmp-[0-9a-f]{32}",
-            "candidates|signatures|parts|shards|decide|source",
-            rf"candidates/{_PART}\.(tar|parquet|media\.parquet){_TMP}",  # media: media_index
-            rf"(signatures/{_PART}\.parquet|parts/{_PART}\.json){_TMP}",
-            rf"shards/shard-[0-9]{{6,}}\.json{_TMP}",
-            rf"{_ROUND}(/[a-z0-9-]+\.parquet{_TMP})?",
-            rf"source/[0-9a-f]{{16}}-[0-9]+(/([0-9]{{6,}}\.parquet|done\.json){_TMP})?",
-        ]
-    )
-)
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,7 @@ from mmcurate.core.redaction import redact
 from mmcurate.core.storage import files_in, filesystem, join, remove_tree, with_retries
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.output.existing import (
-    BUILD_FILE,
     TOOL,
-    WORK_DIR,
     OutputState,
     collides,
     inspect_output,
@@ -41,6 +39,7 @@ from mmcurate.pipeline.output.existing import (
 from mmcurate.pipeline.output.publish import (
     MANIFEST,
 )
+from mmcurate.pipeline.output.work_names import BUILD_FILE, WORK_DIR
 
 CLAIM_TRIES = 3
 HEAD_BYTES = 512  # where a marker holds its run id (before its ledger, which can be large)

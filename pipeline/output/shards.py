@@ -25,6 +25,7 @@ from mmcurate.core.storage import filesystem, is_local, join, with_retries
 from mmcurate.pipeline.output.json_fill import shard_fills
 from mmcurate.pipeline.output.shard_format import TAR_END_BYTES
 from mmcurate.pipeline.output.shard_metadata import metadata_row, metadata_table, spec_records
+from mmcurate.pipeline.output.work_names import part_file
 
 HASH_CHUNK = 1 << 20  # bytes of a local candidate hashed per read
 COPY_BLOCK = 8 << 20  # bytes per ranged read when a shard is copied from an object store
@@ -33,7 +34,7 @@ KERNEL_COPY = hasattr(os, "copy_file_range")  # Linux: local shards copied witho
 
 
 def candidate_name(part: int) -> str:
-    return f"part-{part:06d}.tar"
+    return part_file(part, "tar")
 
 
 def merged_runs(spans: list[tuple[str, int, int]]) -> list[tuple[int, int]]:

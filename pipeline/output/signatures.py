@@ -7,9 +7,11 @@ from typing import Any
 
 import pyarrow as pa
 from mmcurate.core.atomic import write_parquet
+from mmcurate.core.formats import is_media_column
 from mmcurate.core.storage import join
 from mmcurate.pipeline.output.embeddings import EMBEDDING_COLUMNS
-from mmcurate.stages.base import DROP, DROP_STAGE, is_media_column
+from mmcurate.pipeline.output.work_names import part_file
+from mmcurate.stages.base import DROP, DROP_STAGE
 
 # plus every media column (is_media_column); `__json_at__` goes to the candidate metadata
 NOT_SIGNATURE = {"txt", "json", "__json_at__"}
@@ -75,7 +77,7 @@ def published_table(signatures: pa.Table) -> pa.Table:
 
 def signatures_file(group: int) -> str:
     """`signatures/part-000000.parquet`, ...: one file per signature group, in output order."""
-    return f"signatures/part-{group:06d}.parquet"
+    return f"signatures/{part_file(group, 'parquet')}"
 
 
 def write_signatures(

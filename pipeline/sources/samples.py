@@ -7,8 +7,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from mmcurate.core.formats import IMAGE_COLUMNS, VIDEO_COLUMNS
 from mmcurate.core.spill import Spilled
-from mmcurate.stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Columns
+from mmcurate.stages.base import DROP, DROP_STAGE, Columns
 
 BASE_COLUMNS = (
     "__key__",

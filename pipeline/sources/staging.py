@@ -27,11 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.storage import filesystem, join, with_protocol, with_retries
+from mmcurate.pipeline.output.work_names import STAGED_DONE, staged_chunk, staged_folder
 from mmcurate.pipeline.sources.tables import file_format, read_table
 
 log = logging.getLogger("mmcurate.sources")
-STAGE_FOLDER = "source"
-DONE = "done.json"
 WRITERS = 8  # concurrent writes of staged files
 
 
@@ -42,7 +41,7 @@ def stage_folder(
     mtime: a changed file gets a new copy), the columns it keeps and the partition size."""
     key = [path, columns, version["file_size"], version["file_version"]]
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
-    return f"{STAGE_FOLDER}/{digest}-{rows_per_part}"
+    return staged_folder(digest, rows_per_part)
 
 
 def stage_jobs(parts: list[dict[str, Any]], work_url: str) -> list[dict[str, Any]]:
@@ -52,7 +51,7 @@ def stage_jobs(parts: list[dict[str, Any]], work_url: str) -> list[dict[str, Any
         if "stage" not in part:
             continue
         folder = join(work_url, part["stage"])
-        part["staged_url"] = join(folder, f"{part['stage_index']:06d}.parquet")
+        part["staged_url"] = join(folder, staged_chunk(part["stage_index"]))
         jobs.setdefault(
             folder,
             {
@@ -94,7 +93,7 @@ def stage_sources(
 def is_staged(job: dict[str, Any], storage_options: dict[str, Any]) -> bool:
     fs, folder = filesystem(job["folder"], storage_options)
     fs.invalidate_cache(folder)
-    return fs.exists(join(folder, DONE))
+    return fs.exists(join(folder, STAGED_DONE))
 
 
 def stage_file(job: dict[str, Any], storage_options: dict[str, Any]) -> int:
@@ -127,7 +126,7 @@ def stage_file(job: dict[str, Any], storage_options: dict[str, Any]) -> int:
                 pending.pop(0).result()
         for future in pending:
             future.result()
-    write_bytes_atomic(out_fs, join(folder, DONE), json.dumps({"rows": rows}).encode())
+    write_bytes_atomic(out_fs, join(folder, STAGED_DONE), json.dumps({"rows": rows}).encode())
     return rows
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mmcurate.core.config_io import ConfigError
+from mmcurate.core.formats import VIDEO_COLUMNS
 from mmcurate.core.pandas_probe import pandas_for_nanoseconds
 from mmcurate.core.storage import GLOB_CHARS, filesystem, protocol_of, store_version, with_protocol
 from mmcurate.core.tario import safe_key
@@ -34,7 +35,7 @@ from mmcurate.pipeline.sources.samples import (
     whole_batch,
 )
 from mmcurate.pipeline.sources.tables import FORMATS, file_format, read_table
-from mmcurate.stages.base import DROP, DROP_STAGE, VIDEO_COLUMNS, Columns
+from mmcurate.stages.base import DROP, DROP_STAGE, Columns
 
 VIDEO_EXTS = set(VIDEO_COLUMNS)
 # A key clip_split makes, `<key>_0000` (stages/clip_split.py; up to 5 digits: max_clips)

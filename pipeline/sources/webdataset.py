@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mmcurate.core.config_io import ConfigError
-from mmcurate.core.formats import meta_json
+from mmcurate.core.formats import IMAGE_COLUMNS, VIDEO_COLUMNS, meta_json
 from mmcurate.core.storage import (
     filesystem,
     is_glob,
@@ -34,7 +34,7 @@ from mmcurate.pipeline.sources.samples import (
     sanitize_key,
     whole_batch,
 )
-from mmcurate.stages.base import DROP, DROP_STAGE, IMAGE_COLUMNS, VIDEO_COLUMNS, Columns
+from mmcurate.stages.base import DROP, DROP_STAGE, Columns
 
 
 def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:

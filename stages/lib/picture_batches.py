@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+from mmcurate.core.formats import FRAME_COLUMN
 from mmcurate.core.spill import media_bytes
-from mmcurate.stages.base import FRAME_COLUMN, Columns, media_column
+from mmcurate.stages.base import Columns, media_column
 from mmcurate.stages.lib.pixels import READ_IMAGE_MAX, too_big
 
 
