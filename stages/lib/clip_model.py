@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from functools import lru_cache
 from typing import Any
 
@@ -60,7 +61,7 @@ def load_open_clip(name: str, pretrained: str | None, device: str) -> tuple[Any,
             )
         if state is not None:
             model.load_state_dict(state)
-    except (RuntimeError, OSError, ValueError, KeyError) as err:
+    except (RuntimeError, OSError, ValueError, KeyError, pickle.UnpicklingError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"cannot load {name!r} with pretrained {pretrained!r}: {first}") from None
     finally:
@@ -75,12 +76,17 @@ def looks_like_path(pretrained: str | None) -> bool:
 
 
 def local_weights(path: str) -> dict | None:
-    """An mmcurate training checkpoint's model weights; None for any other (open_clip) file."""
+    """An mmcurate training checkpoint's model weights; None for any other file (open_clip
+    loads it: its own checkpoints, .safetensors). Read with `weights_only`: a pickle that needs
+    more (code run as it loads) is never executed here."""
     import torch
 
     if not os.path.isfile(os.path.expanduser(path)):
         raise ConfigError(f"pretrained checkpoint not found: {path}")
-    checkpoint = torch.load(os.path.expanduser(path), map_location="cpu", weights_only=False)
+    try:
+        checkpoint = torch.load(os.path.expanduser(path), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError):
+        return None  # not a torch pickle of plain values: not one of our checkpoints
     if isinstance(checkpoint, dict) and checkpoint.get("format") == CHECKPOINT_FORMAT:
         return checkpoint["model"]
     return None
