@@ -3,7 +3,8 @@
 Sections: the funnel (samples after each stage) and drops by reason; the language mix (when
 language_filter ran: samples per detected language, kept and dropped); the CLIP score
 histogram with its threshold; duplicate groups (kept beside dropped); kept samples; samples
-each filter dropped; shard sizes; worker seconds per stage. Charts are inline SVG
+each filter dropped; per host of a URL list, its opt-outs and failures (report/hosts.py);
+shard sizes; worker seconds per stage. Charts are inline SVG
 (pipeline/report/charts.py), thumbnails small JPEGs as data URIs. Images of dropped samples
 come from the source files when the source is a folder (they are not in the shards); URL
 sources show captions.
@@ -36,6 +37,7 @@ from mmcurate.core.tario import (
 )
 from mmcurate.pipeline.report.buckets import bucket_section
 from mmcurate.pipeline.report.charts import bar_chart, histogram
+from mmcurate.pipeline.report.hosts import host_section
 from mmcurate.stages.base import IMAGE_COLUMNS
 from PIL import Image
 
@@ -77,6 +79,7 @@ def render_report(
         duplicates(source_fs, keepers, kept),
         kept_grid(kept),
         dropped_grids(source_fs, rows),
+        host_section(rows),
         shard_sizes(manifest),
         stage_time(stats),
     ]

@@ -1,5 +1,6 @@
 """The limits of one URL fetch (the `download` stage's options): time, size, retries,
-redirects, the private-address guard and the robots-style opt-outs honoured."""
+redirects, the private-address guard and the opt-outs a response's headers carry (the host-wide
+files are stages/lib/optouts.py's)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,6 @@ class FetchPolicy:
     user_agent: str = "mmcurate/0.1"
     allow_private_addresses: bool = False
     disallowed_directives: tuple[str, ...] = ("noai", "noimageai", "noindex", "noimageindex")
+    x_robots_tag: bool = True  # honour X-Robots-Tag (the directives above): `robots_optout`
+    tdm_rep: bool = True  # honour a `tdm-reservation: 1` response header: `tdm_optout`
+    agent: str = "mmcurate"  # the product token opt-outs aimed at us name

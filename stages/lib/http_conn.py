@@ -1,6 +1,7 @@
 """The connections URL fetches use (stages/lib/http_fetch.py): each pinned to the addresses the
 private-address guard vetted (so a name cannot resolve elsewhere between check and connect),
-kept per host for reuse, and every socket read under the attempt's one deadline."""
+kept per origin for reuse by any fetching thread, and every socket read under the attempt's one
+deadline."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mmcurate.stages.lib.fetch_policy import FetchPolicy
+from mmcurate.stages.lib.host_limits import HostLimits
 from mmcurate.stages.lib.resolver import Resolver
 
 
@@ -94,22 +96,26 @@ class DeadlineResponse(http.client.HTTPResponse):
 
 
 class Connections:
-    """Keep-alive connections, a few per thread (web-scale lists rarely repeat a host much).
+    """Keep-alive connections, shared by the fetching threads: idle ones wait per origin (at
+    most `idle_per_origin` each, `max_idle` in all) for the next request to that origin, and
+    `hosts` (the per-host limits) says when a request may go. A connection is made only by a
+    request holding one of its host's slots and finding none idle, so a host never has more
+    connections from this task than `host_concurrency` (with the default idle bound).
 
     Plain `http.client` rather than a higher-level client: per request it costs about half
     the CPU, which matters when a core also decodes ~400 images/s.
     """
 
-    def __init__(self, per_thread: int = 8) -> None:
-        self.per_thread = per_thread
-        self.local = threading.local()
+    def __init__(
+        self, idle_per_origin: int = 8, max_idle: int = 1024, hosts: HostLimits | None = None
+    ) -> None:
+        self.idle_per_origin, self.max_idle = idle_per_origin, max_idle
+        self.idle: OrderedDict[tuple[str, str, int], list[Any]] = OrderedDict()
+        self.idle_count = 0
+        self.lock = threading.Lock()
         self.tls = ssl.create_default_context()
         self.resolver = Resolver()
-
-    def _cache(self) -> OrderedDict:
-        if not hasattr(self.local, "conns"):
-            self.local.conns = OrderedDict()
-        return self.local.conns
+        self.hosts = hosts if hosts is not None else HostLimits(idle_per_origin)
 
     def take(
         self,
@@ -122,8 +128,8 @@ class Connections:
     ) -> tuple[Any, bool]:
         """(connection, reused): an idle kept-alive one for this origin, else a new one (dialing
         only `addresses` when given), connected by `deadline`."""
-        cached = self._cache().pop((scheme, host, port), None)
-        if cached is not None and cached.sock is not None:  # None: closed since it was kept
+        cached = self.pop_idle((scheme, host, port))
+        if cached is not None:
             return cached, True
         if scheme == "https":
             conn = http.client.HTTPSConnection(
@@ -139,8 +145,35 @@ class Connections:
             raise
         return conn, False
 
+    def pop_idle(self, origin: tuple[str, str, int]) -> Any:
+        """The origin's most recently used idle connection still open, or None."""
+        with self.lock:
+            waiting = self.idle.get(origin)
+            while waiting:
+                conn = waiting.pop()
+                self.idle_count -= 1
+                if conn.sock is not None:  # None: closed since it was kept
+                    return conn
+            return None
+
     def give(self, scheme: str, host: str, port: int, conn: Any) -> None:
-        cache = self._cache()
-        cache[(scheme, host, port)] = conn
-        while len(cache) > self.per_thread:
-            cache.popitem(last=False)[1].close()
+        """Keep `conn` for the origin's next request; the oldest idle ones past the bounds
+        are closed."""
+        closing = []
+        with self.lock:
+            waiting = self.idle.setdefault((scheme, host, port), [])
+            self.idle.move_to_end((scheme, host, port))
+            waiting.append(conn)
+            self.idle_count += 1
+            if len(waiting) > self.idle_per_origin:
+                closing.append(waiting.pop(0))
+                self.idle_count -= 1
+            while self.idle_count > self.max_idle:
+                origin, oldest = next(iter(self.idle.items()))
+                if not oldest:
+                    del self.idle[origin]
+                    continue
+                closing.append(oldest.pop(0))
+                self.idle_count -= 1
+        for old in closing:
+            old.close()

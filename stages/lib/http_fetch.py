@@ -19,7 +19,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mmcurate.core.spill import Media, MemoryBudget, Spilled, SpillingBuffer, release
@@ -49,6 +49,9 @@ class Fetched:
     status: int | None = None
     attempts: int = 0
     sha256: str | None = None  # of the body, hashed as it arrived
+    final_url: str | None = None  # after redirects
+    signals: dict[str, Any] = field(default_factory=dict)  # opt-out signals seen (the json's)
+    fetched_at: str | None = None  # UTC, ISO 8601 (set by the download stage)
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def robots_optout(values: list[str], policy: FetchPolicy) -> bool:
     for value in values:
         for part in value.lower().split(","):
             agent, _, directive = part.rpartition(":")
-            if agent.strip() not in ("", "*", "mmcurate"):
+            if agent.strip() not in ("", "*", policy.agent):
                 continue
             if directive.strip() in policy.disallowed_directives:
                 return True
@@ -140,6 +143,8 @@ class Reply:
     body: Media
     retry_after_s: float | None = None  # the server's Retry-After, in seconds from now
     sha256: str | None = None  # of a 200's body
+    signals: dict[str, Any] = field(default_factory=dict)  # opt-out headers seen on a 200
+    final_url: str | None = None  # the URL that answered (set by `attempt`)
 
 
 def exchange(
@@ -193,12 +198,11 @@ def finish(
 ) -> Reply:
     """Status, redirect target, body (read only for a 200 that did not opt out), Retry-After."""
     location = response.getheader("Location") if response.status in REDIRECTS else None
-    digest = None
+    digest, signals = None, {}
     if location is not None or response.status != 200:
         body: Media = response.read(64 << 10)  # small error pages; a big one closes the conn
-    elif robots_optout(response.headers.get_all("X-Robots-Tag") or [], policy):
-        raise Failed("robots_optout")
     else:
+        signals = header_signals(response, policy)  # raises Failed for an opt-out
         read = read_body(response, policy, spill)
         body, digest = read.data, read.sha256
     # read before the connection is given back: nothing may fail after that
@@ -209,7 +213,24 @@ def finish(
         conns.give(*origin, conn)
     else:
         conn.close()
-    return Reply(response.status, location, body, wait, digest)
+    return Reply(response.status, location, body, wait, digest, signals)
+
+
+def header_signals(response: http.client.HTTPResponse, policy: FetchPolicy) -> dict[str, Any]:
+    """The opt-out headers of a 200 (for the sample's json); Failed (`robots_optout`,
+    `tdm_optout`) when one that is honoured reserves the image. The body is then not read."""
+    signals: dict[str, Any] = {}
+    tags = response.headers.get_all("X-Robots-Tag") or []
+    if tags:
+        signals["x_robots_tag"] = tags
+        if policy.x_robots_tag and robots_optout(tags, policy):
+            raise Failed("robots_optout")
+    tdm = response.getheader("tdm-reservation")
+    if tdm is not None:
+        signals["tdm_reservation"] = tdm.strip()
+        if policy.tdm_rep and tdm.strip() == "1":
+            raise Failed("tdm_optout")
+    return signals
 
 
 def retry_after(value: str | None) -> float | None:
@@ -244,7 +265,9 @@ def attempt(
         seen.add(target.url)
         try:
             addresses = vet_addresses(target, policy.allow_private_addresses, resolve)
-            reply = exchange(conns, target, policy, addresses, deadline, spill)
+            with conns.hosts.slot(target.host, target.port) as waited:
+                deadline += waited  # a queue at a busy host is not this URL's timeout
+                reply = exchange(conns, target, policy, addresses, deadline, spill)
         except TimeoutError:
             raise Failed("timeout") from None
         except ssl.SSLError:
@@ -259,9 +282,12 @@ def attempt(
             target = redirect_target(target, reply.location, policy.max_url_chars)
             continue
         if reply.status != 200:
+            if reply.status in (429, 503):  # every thread holds off the host, not just this one
+                wait = policy.backoff_s if reply.retry_after_s is None else reply.retry_after_s
+                conns.hosts.back_off(target.host, target.port, min(wait, policy.max_retry_after_s))
             retry = reply.status in RETRYABLE
             raise Failed(f"http_{reply.status}", retry, reply.status, reply.retry_after_s)
-        return reply
+        return replace(reply, final_url=target.url)
     raise Failed("too_many_redirects")
 
 
@@ -285,7 +311,13 @@ def fetch(
             release([reply.body])
             return Fetched(reason="not_image", status=reply.status, attempts=tries)
         return Fetched(
-            data=reply.body, column=column, status=reply.status, attempts=tries, sha256=reply.sha256
+            data=reply.body,
+            column=column,
+            status=reply.status,
+            attempts=tries,
+            sha256=reply.sha256,
+            final_url=reply.final_url,
+            signals=reply.signals,
         )
     raise AssertionError("unreachable")
 
