@@ -12,7 +12,7 @@ import pytest
 from mmcurate.pipeline.output import work_names as names
 from mmcurate.pipeline.output.existing import only_scratch
 from mmcurate.pipeline.output.markers import part_marker, shard_marker
-from mmcurate.pipeline.sources.staging import stage_folder
+from mmcurate.pipeline.sources.staging import STAGED_DONE, stage_folder, staged_chunk, staged_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TMP = ".tmp-" + "0123456789abcdef" * 2
@@ -32,8 +32,8 @@ def spelled() -> list[str]:
     found += [
         f"{names.DECIDE}/{folder}/{names.group_file(group)}" for folder in names.DECIDE_FOLDERS
     ]
-    staged = names.staged_folder("0123456789abcdef", 5000)
-    found += [staged, f"{staged}/{names.staged_chunk(7)}", f"{staged}/{names.STAGED_DONE}"]
+    staged = staged_folder("0123456789abcdef", 5000)
+    found += [staged, f"{staged}/{staged_chunk(7)}", f"{staged}/{STAGED_DONE}"]
     return found
 
 
@@ -53,8 +53,8 @@ def test_files_at_the_pipelines_own_paths_are_scratch(tmp_path):
     made = [
         part_marker(str(work), 3),
         shard_marker(str(work), "shard-000001.tar"),
-        str(work / staged / names.staged_chunk(0)),
-        str(work / staged / names.STAGED_DONE),
+        str(work / staged / staged_chunk(0)),
+        str(work / staged / STAGED_DONE),
     ]
     for path in made:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,7 @@ def test_no_other_module_spells_a_scratch_name():
         f"{path.relative_to(ROOT)}:{number}"
         for folder in ("pipeline", "core")
         for path in sorted((ROOT / folder).rglob("*.py"))
-        if path.name != "work_names.py"
+        if path.name not in ("work_names.py", "staging.py")  # the two homes
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if SPELLING.search(line)
     ]

@@ -1,6 +1,7 @@
 """Every name a build writes inside `_work/`, spelled once.
 
-The functions below spell a scratch file's name (relative to its folder, or to `_work/`);
+The functions below spell a scratch file's name (relative to its folder, or to `_work/`),
+as pipeline/sources/staging.py does for a URL list's staged copy (sources come before output);
 `WORK_NAMES`, the pattern by which a rerun recognises a `_work/` folder as nothing but a
 build's scratch (pipeline/output/existing.py), is made from the same table. A scratch file
 spelled elsewhere would miss the pattern and make a rerun refuse its own folder:
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import re
 
+from mmcurate.pipeline.sources.staging import STAGE_FOLDER as SOURCE
+from mmcurate.pipeline.sources.staging import STAGED_DONE
+
 WORK_DIR = "_work"
 BUILD_FILE = "build.json"  # the claim (pipeline/output/resume.py)
 CANDIDATES = "candidates"  # phase A: a partition's candidate tar, its metadata, its payloads
@@ -18,13 +22,11 @@ SIGNATURES = "signatures"  # phase A: a partition's signatures (its completion m
 PARTS = "parts"  # phase A: a partition's done marker
 SHARDS = "shards"  # phase C: a shard's done marker
 DECIDE = "decide"  # phase B: each round's fates and shuffles, the groups' rows and kept tables
-SOURCE = "source"  # a URL list's staged copy (pipeline/sources/staging.py)
 FOLDERS = (CANDIDATES, SIGNATURES, PARTS, SHARDS, DECIDE, SOURCE)
 
 CANDIDATE_EXTENSIONS = ("tar", "parquet", "media.parquet")  # payloads, metadata, media index
 DECIDE_FOLDERS = ("signatures", "kept")  # the groups' rows, the kept rows per group
 ROUND_KINDS = ("fate", "shuffle")  # per decide round: each group's fate, the routed rows
-STAGED_DONE = "done.json"  # a staged copy is complete
 
 
 def part_stem(part: int) -> str:
@@ -62,16 +64,6 @@ def round_folder(kind: str, round_name: str) -> str:
 
 def round_name(number: int) -> str:
     return f"{number:03d}"
-
-
-def staged_folder(digest: str, rows_per_part: int) -> str:
-    """`source/<16 hex>-<rows>`: a staged copy of a URL list, relative to `_work/`."""
-    return f"{SOURCE}/{digest}-{rows_per_part}"
-
-
-def staged_chunk(index: int) -> str:
-    """`000007.parquet`: one partition's rows in a staged copy's folder."""
-    return f"{index:06d}.parquet"
 
 
 def _work_pattern() -> re.Pattern[str]:

@@ -27,10 +27,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.storage import filesystem, join, with_protocol, with_retries
-from mmcurate.pipeline.output.work_names import STAGED_DONE, staged_chunk, staged_folder
 from mmcurate.pipeline.sources.tables import file_format, read_table
 
 log = logging.getLogger("mmcurate.sources")
+# Names in `_work/` (pipeline/output/work_names.py builds the rerun's pattern from these)
+STAGE_FOLDER = "source"
+STAGED_DONE = "done.json"  # a staged copy is complete
 WRITERS = 8  # concurrent writes of staged files
 
 
@@ -42,6 +44,16 @@ def stage_folder(
     key = [path, columns, version["file_size"], version["file_version"]]
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
     return staged_folder(digest, rows_per_part)
+
+
+def staged_folder(digest: str, rows_per_part: int) -> str:
+    """`source/<16 hex>-<rows>`: a staged copy of a URL list, relative to `_work/`."""
+    return f"{STAGE_FOLDER}/{digest}-{rows_per_part}"
+
+
+def staged_chunk(index: int) -> str:
+    """`000007.parquet`: one partition's rows in a staged copy's folder."""
+    return f"{index:06d}.parquet"
 
 
 def stage_jobs(parts: list[dict[str, Any]], work_url: str) -> list[dict[str, Any]]:
