@@ -21,7 +21,13 @@ json: `bucket` ("WxH"), `num_frames` (frames in the stored clip), `fps` (its rat
 with frames cut by `max_frames`, `clip_end` moves to the stored clip's end. `bucket`,
 `aspect_error` and `crop_share` are signature columns: the build's buckets.json counts them.
 Drops: `below_bucket`, `no_video`, and the decoder's `decode_timeout`, `decode_error`,
-`no_video_stream`, `no_frames`.
+`no_video_stream`, `no_frames`, `too_many_pixels`.
+
+Images (`images`, on by default): a sample with an image and no video joins as a one-frame
+clip: upright (EXIF), bucketed by its size with the same rule (min_frames does not apply: an
+image is one frame by nature), cover-scaled and centre-cropped, stored as a one-frame H.264
+mp4 in the `mp4` column (the image column cleared); json `num_frames` 1, `fps` null,
+`source_container` the image's column. The video loader repeats its frame over the window.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ import uuid
 from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
-from mmcurate.core.formats import FRAME_COLUMN, meta_json
+import numpy as np
+from mmcurate.core.formats import FRAME_COLUMN, IMAGE_COLUMNS, meta_json
 from mmcurate.core.spill import Media, Spilled, media_bytes, release, task_folder
 from mmcurate.stages.base import (
     VIDEO_COLUMNS,
@@ -47,6 +54,7 @@ from mmcurate.stages.lib import video_bucket_table as table
 from mmcurate.stages.lib.buckets import aspect_error, placement
 from mmcurate.stages.lib.isolation import Isolated
 from mmcurate.stages.video_frames import clear_columns, decoder_input, isolated_decode
+from PIL import Image
 from pydantic import Field, StrictInt, field_validator, model_validator
 
 CLIP_COLUMN = "mp4"  # what the encoder writes: H.264 in mp4
@@ -70,6 +78,7 @@ class VideoBucketsOptions(StageOptions):
     speed: Literal[X264_SPEEDS] = Field("veryfast", description="x264 preset")  # type: ignore[valid-type]
     timeout_s: float = Field(300.0, gt=0, description="per clip, then the decoder is killed")
     inline_clip_bytes: int = Field(16 << 20, ge=0, description="a batch's clips kept as bytes")
+    images: bool = Field(True, description="images join as one-frame clips (else no_video)")
 
     @field_validator("min_frames")
     @classmethod
@@ -141,10 +150,16 @@ class VideoBuckets(Stage):
         inline_left = self.options.inline_clip_bytes
         for row in range(size):
             col = media_column(batch, row, VIDEO_COLUMNS)
-            if col is None:
+            image = media_column(batch, row, IMAGE_COLUMNS) if self.options.images else None
+            if col is None and image is None:
                 reasons[row] = "no_video"
                 continue
-            result, reasons[row] = self.encode(batch[col][row])
+            if col is None:
+                col = image
+                result, reasons[row] = self.encode(batch[col][row], bucket_image)
+                clear_columns(batch, row, [col])  # the uncropped image: the clip replaces it
+            else:
+                result, reasons[row] = self.encode(batch[col][row])
             if result is None:
                 continue
             data = result.pop("data")
@@ -161,14 +176,15 @@ class VideoBuckets(Stage):
         batch["json"] = metas
         return batch, reasons
 
-    def encode(self, value: Media) -> tuple[dict | None, str | None]:
-        """The clip in its bucket (a dict with `data`, a Spilled file), or a drop reason."""
+    def encode(self, value: Media, fn: Any = None) -> tuple[dict | None, str | None]:
+        """The clip in its bucket (a dict with `data`, a Spilled file), or a drop reason;
+        `fn` (in the decoder process): bucket_clip, or bucket_image for an image."""
         sent, temporary = decoder_input(value)
         path = os.path.join(task_folder(), f"bucket-{uuid.uuid4().hex}.{CLIP_COLUMN}")
         args = (sent, self.table, self.options.model_dump(), path)
         try:
             result, reason = isolated_decode(
-                self.decoder, bucket_clip, args, self.options.timeout_s
+                self.decoder, fn or bucket_clip, args, self.options.timeout_s
             )
         finally:
             release(temporary)
@@ -239,6 +255,45 @@ def bucket_clip(
         "crop_share": round(where.crop_share, 6),
         "width": bucket.width,
         "height": bucket.height,
+    }
+
+
+def bucket_image(
+    value: Media, buckets: list[table.VideoBucket], opts: dict[str, Any], path: str
+) -> dict[str, Any]:
+    """An image as a one-frame clip in `path`, in the bucket its upright size fills (module
+    docstring); the same fields as bucket_clip's, or {"reason": ...}."""
+    import av
+    from mmcurate.stages.lib.pixels import failure_reason, open_image, to_rgb, upright
+
+    try:
+        with open_image(value) as opened:
+            image = to_rgb(upright(opened))
+    except Exception as err:  # noqa: BLE001 - Pillow raises many kinds for a bad file
+        return {"reason": failure_reason(err)}
+    width, height = image.size
+    bucket = table.choose_image_bucket(buckets, width, height)
+    if bucket is None:
+        return {"reason": "below_bucket"}
+    where = placement(width, height, bucket.size)
+    scaled = image.resize(where.resized, Image.Resampling.BOX)
+    box = (where.left, where.top, where.left + bucket.width, where.top + bucket.height)
+    pixels = np.asarray(scaled.crop(box))
+    with av.open(path, "w", format=CLIP_COLUMN) as out:
+        encoder = out.add_stream("libx264", rate=1)
+        encoder.width, encoder.height, encoder.pix_fmt = *bucket.size, "yuv420p"
+        encoder.options = {"preset": opts["speed"], "crf": str(opts["crf"])}
+        out.mux(encoder.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        out.mux(encoder.encode())
+    return {
+        "data": Spilled(path, os.path.getsize(path)),
+        **{"cut": False, "bucket": bucket.name, "num_frames": 1, "fps": None},
+        **{"original_width": width, "original_height": height},
+        **{"original_fps": None, "original_frames": 1},
+        **{"resolution": bucket.resolution, "aspect": bucket.aspect},
+        "aspect_error": round(aspect_error(width, height, bucket.size), 6),
+        "crop_share": round(where.crop_share, 6),
+        **{"width": bucket.width, "height": bucket.height},
     }
 
 

@@ -297,3 +297,37 @@ def test_a_build_writes_buckets_json_that_matches_the_shards(tmp_path):
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     ours = next(s for s in stats["stages"] if s["name"] == "video_buckets")
     assert ours["dropped"] == {"below_bucket": 1}
+
+
+# --- images as one-frame clips ---
+
+
+def jpeg(pixels: np.ndarray, orientation: int | None = None) -> bytes:
+    out = io.BytesIO()
+    image = Image.fromarray(pixels)
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    image.save(out, format="JPEG", quality=95, exif=exif.tobytes())
+    return out.getvalue()
+
+
+def test_an_image_joins_as_a_one_frame_clip_in_the_bucket_of_its_size():
+    wide = photo_frames(320, 180, 1)[0]
+    turned = photo_frames(180, 320, 1)[0]  # stored sideways, EXIF says turn it (6: 90 cw)
+    stored_turned = np.ascontiguousarray(np.rot90(turned, 1))
+    batch = batch_of(
+        [("jpg", jpeg(wide)), ("jpg", jpeg(stored_turned, 6)), ("png", b"not an image")]
+        + [("jpg", jpeg(photo_frames(100, 60, 1)[0]))]
+    )
+    out = build_stage({"name": "video_buckets"})(batch)
+    assert out[DROP] == [None, None, "decode_error", "below_bucket"]
+    for row, (bucket, source) in enumerate([("256x144", wide), ("144x256", turned)]):
+        meta = json.loads(out["json"][row])
+        assert (meta["bucket"], meta["num_frames"], meta["fps"]) == (bucket, 1, None)
+        assert meta["source_container"] == "jpg" and out["jpg"][row] is None
+        frames, _ = decoded(out["mp4"][row])
+        assert len(frames) == 1 and "x".join(map(str, frames[0].shape[1::-1])) == bucket
+        assert np.abs(frames[0].astype(int) - covered(source, bucket)).mean() < 8
+    off = build_stage({"name": "video_buckets", "images": False})(batch_of([("jpg", jpeg(wide))]))
+    assert off[DROP] == ["no_video"]

@@ -192,6 +192,11 @@ def choose_bucket(
     )
 
 
+def choose_image_bucket(table: list[VideoBucket], width: int, height: int) -> VideoBucket | None:
+    """choose_bucket's rule for an image (a one-frame clip): min_frames does not apply."""
+    return choose_bucket(table, width, height, max(b.min_frames for b in table))
+
+
 def resample_plan(times: list[float], fps: float, target_fps: float | None) -> list[int]:
     """Frame numbers kept at `target_fps`: the frame nearest each 1/target_fps step from the
     first frame, by the frames' own times (video_decode.fps_plan: variable frame rates too).

@@ -15,144 +15,73 @@ continues exactly; shards come through the node's shard cache or streamed and ve
   left out, counted by reason (`loader.dropped`).
 - Which window: `window_start(seed, epoch, key, frames, T)`, so the same seed gives the same
   windows, another epoch others, and a resumed run the ones it would have drawn.
-- How: each loader worker streams its shard runs; a clip's tar member goes to a local file as
-  it is read (never whole in memory), decord decodes the T frames from the keyframe before
-  the window (video_windows.py states the bound), and the file is removed. A clip that cannot
-  be decoded (or is not its bucket's size) is replaced by another clip of its batch (counted
-  in the worker's log: `decode_failed`, `off_bucket`), so batches stay full and ranks equal.
+- How: each loader worker streams its shard runs; a clip waits for its batch in memory while
+  the worker's waiting clips hold at most `shuffle_buffer_bytes` (64 MiB by default), else on
+  local disk (a clip bigger than that goes to a file as it is read: never whole in memory).
+  decord decodes the T frames from the keyframe before the window (video_windows.py states
+  the bound), from the bytes or the file, which is then removed; a clip bigger than
+  `shuffle_buffer_bytes` is decoded by PyAV instead (decode_window_bounded: decord reads
+  packets ahead, which for such a clip is much memory; docs/scale.md gives the bound). A
+  clip that cannot be decoded (or is not its bucket's size) is replaced by another clip of its
+  batch (counted in the worker's log: `decode_failed`, `off_bucket`), so batches stay full.
+- Progressive resolution (`schedule`): phases from a global step (batches handed out since
+  training began, kept in the state), each with its window length and frame size
+  (video_windows.py). The rank's batch i of an epoch begun at step S is step S + i (as the
+  DataLoader takes them from its workers, round-robin: VideoDataset.turn) on every rank:
+  its phase's frames, and its bucket scaled to the phase's area (decord scales as it
+  decodes). An epoch is planned with the most frames of the phases it reaches, so a switch
+  needs no re-plan and a resume (epoch, batches consumed, step) replays the same batches.
+- One-frame clips (images `video_buckets` took): their frame repeated T times, frame_start 0.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
-import weakref
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
-import fsspec
 import numpy as np
-import pyarrow.parquet as pq
 import torch
-from mmcurate.core.spill import Spilled, release, remove_folder, spill_bytes, spill_folder
-from mmcurate.core.tario import SpillTo, iter_tar_samples
-from mmcurate.trainer.data.bucket_plan import BucketWorkerPlan, epoch_labels
-from mmcurate.trainer.data.buckets import BucketDataset, BucketLabels, caption, metadata_url
+from mmcurate.core.spill import Spilled
+from mmcurate.trainer.data.bucket_plan import (
+    BucketEpoch,
+    BucketWorkerPlan,
+    epoch_labels,
+    plan_epoch,
+    worker_range,
+)
+from mmcurate.trainer.data.buckets import (
+    BucketDataset,
+    BucketLabels,
+    caption,
+    parse_bucket,
+)
 from mmcurate.trainer.data.dataset import make_loader
-from mmcurate.trainer.data.manifest import Manifest, NoUsableData, Shard, read_manifest
-from mmcurate.trainer.data.plan import mixed
-from mmcurate.trainer.data.reader import ShardReader
+from mmcurate.trainer.data.hold import DEFAULT_LIMIT
+from mmcurate.trainer.data.manifest import Manifest, NoUsableData, read_manifest
+from mmcurate.trainer.data.plan import Layout, epoch_pieces, mixed
+from mmcurate.trainer.data.video_clips import (
+    ClipReader,
+    ClipStore,
+    read_index,
+    release_sample,
+    video_member,
+)
 from mmcurate.trainer.data.video_windows import (
-    VIDEO_MEMBERS,
     ClipIndex,
-    ClipInfo,
+    Phase,
+    clip_window,
     decode_window,
-    index_clips,
-    probe_clip,
-    window_start,
+    decode_window_bounded,
+    epoch_window,
+    parse_schedule,
+    phase_at,
+    scaled_size,
 )
 
 log = logging.getLogger(__name__)
-
-INDEX_THREADS = 4  # shards indexed at once when the loader is made
-CLIP_MEMBERS = VIDEO_MEMBERS | {"txt", "json"}  # what a worker reads of a sample
-
-
-class ClipReader(ShardReader):
-    """A ShardReader whose samples hold their video member as a local file (a Spilled),
-    streamed to disk as the tar is read: a worker never holds a clip in memory."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.folder: tuple[int, str] | None = None  # (process id, spill folder)
-
-    def folder_path(self) -> str:
-        """This process's folder for clip files (made after a worker forks)."""
-        if self.folder is None or self.folder[0] != os.getpid():
-            self.folder = (os.getpid(), spill_folder())
-            # Why: the folder outlives no reader (nor its process, which runs finalizers at exit).
-            weakref.finalize(self, remove_folder, self.folder[1])
-        return self.folder[1]
-
-    def parse(self, f: IO[bytes], start: int, stop: int | None) -> Iterator[dict]:
-        spill = SpillTo(self.folder_path(), -1, VIDEO_MEMBERS)  # every clip, whatever its size
-        return iter_tar_samples(f, start, stop, spill=spill, columns=CLIP_MEMBERS)
-
-
-def video_member(sample: dict[str, Any]) -> Any:
-    return next((sample[ext] for ext in sorted(VIDEO_MEMBERS) if ext in sample), None)
-
-
-def release_sample(sample: dict[str, Any] | None) -> None:
-    if sample is not None:
-        release(sample.values())
-
-
-def clip_path(value: Any, folder: str) -> tuple[str, Spilled | None]:
-    """A local path for a clip value, and the file made for it (bytes: written out)."""
-    if isinstance(value, Spilled):
-        return value.path, None
-    made = spill_bytes(bytes(value), folder)
-    return made.path, made
-
-
-def probe_sample(sample: dict[str, Any] | None, folder: str) -> ClipInfo:
-    """What one sample's clip is (its first frame decoded), or why it is none."""
-    if sample is None:
-        return ClipInfo(None, reason="unreadable")
-    value = video_member(sample)
-    if value is None:
-        release_sample(sample)
-        return ClipInfo(None, reason="no_video")
-    path, made = clip_path(value, folder)
-    try:
-        bucket, frames = probe_clip(path)
-        return ClipInfo(bucket, frames)
-    except Exception:  # noqa: BLE001 - decord raises its own errors for every bad file
-        return ClipInfo(None, reason="unreadable")
-    finally:
-        release_sample(sample)
-        release([made])
-
-
-def metadata_clips(shard: Shard, storage_options: dict[str, Any]) -> list[ClipInfo] | None:
-    """The shard's clips from its metadata parquet (a video_buckets build); None without."""
-    try:
-        with fsspec.open(metadata_url(shard), "rb", **storage_options) as f:
-            table = pq.ParquetFile(f)
-            if not {"bucket", "num_frames"} <= set(table.schema_arrow.names):
-                return None
-            rows = table.read(columns=["bucket", "num_frames"]).to_pylist()
-    except Exception:  # noqa: BLE001 - no parquet, or unreadable: index from the tar instead
-        return None
-    if len(rows) != shard.samples or any(r["bucket"] is None for r in rows):
-        return None
-    return [ClipInfo(r["bucket"], int(r["num_frames"] or 0)) for r in rows]
-
-
-def shard_clips(reader: ClipReader, index: int, storage_options: dict[str, Any]) -> list[ClipInfo]:
-    shard = reader.shards[index]
-    found = metadata_clips(shard, storage_options)
-    if found is not None:
-        return found
-    folder = reader.folder_path()
-    clips = [probe_sample(sample, folder) for sample in reader.samples(index)]
-    return clips + [ClipInfo(None, reason="unreadable")] * (shard.samples - len(clips))
-
-
-def read_index(
-    shards: Sequence[Shard],
-    storage_options: dict[str, Any] | None = None,
-    cache: tuple[str, int] | None = None,
-    verify: bool = True,
-) -> ClipIndex:
-    """Every shard's clips (metadata parquets, else the shards read once; several at once)."""
-    options = dict(storage_options or {})
-    reader = ClipReader(shards, options, cache, verify)
-    with ThreadPoolExecutor(INDEX_THREADS, "mmcurate-clips") as pool:
-        found = list(pool.map(lambda i: shard_clips(reader, i, options), range(len(shards))))
-    return index_clips(found)
 
 
 class Clip(NamedTuple):
@@ -163,7 +92,8 @@ class Clip(NamedTuple):
 
 
 class VideoDataset(BucketDataset):
-    """BucketDataset whose samples are windows of `window` frames of clips (module docstring)."""
+    """BucketDataset whose samples are windows of clips (module docstring): `window` frames,
+    or each batch its phase's frames and size when `phases` (parse_schedule's) are given."""
 
     def __init__(
         self,
@@ -171,23 +101,74 @@ class VideoDataset(BucketDataset):
         batch_size: int,
         window: int,
         index: ClipIndex,
+        phases: Sequence[Phase] | None = None,
         **options: Any,
     ) -> None:
         if window < 1:
             raise ValueError(f"frames must be at least 1, not {window}")
         self.window, self.index = window, index
+        self.phases = tuple(phases or (Phase(0, window),))
+        self.first_step = 0  # the global step the current epoch began at (set by the loader)
+        self._window: tuple[tuple[int, int], int] | None = None  # ((epoch, first step), T)
+        self._planned: int | None = None  # the window self.labels are for
+        self._layout: Layout | None = None  # this worker's place in the epoch (set by `plan`)
+        self.held_peak = 0  # the most bytes of waiting clips held in memory at once
         self.failed: dict[str, int] = {}  # clips replaced in this worker, by reason
-        labels = BucketLabels(index.names, index.labels(window))
+        labels = BucketLabels(index.names, index.labels(self.phases[0].frames))
         super().__init__(manifest, batch_size, labels=labels, **options)
+
+    def epoch_frames(self, epoch: int) -> int:
+        """The window `epoch` is planned with (video_windows.epoch_window)."""
+        counts = {phase.frames for phase in self.phases}
+        if len(counts) == 1:
+            return counts.pop()
+        place = (epoch, self.first_step)
+        if self._window is None or self._window[0] != place:
+            most = len(self.plan_for(epoch, min(counts))) // self.world
+            self._window = (place, epoch_window(self.phases, self.first_step, most))
+        return self._window[1]
+
+    def plan_for(self, epoch: int, window: int) -> BucketEpoch:
+        labels = epoch_labels(
+            epoch_pieces(self.sources, self.seed, epoch), self.index.labels(window)
+        )
+        return plan_epoch(
+            *(labels, self.batch_size, self.seed, epoch, self.world),
+            multiple=self.step_batches,
+            shuffle_buffer=self.shuffle_buffer,
+        )
+
+    def epoch_plan(self, epoch: int) -> BucketEpoch:
+        window = self.epoch_frames(epoch)
+        if self._planned != window:  # planned with another window: plan again
+            self.labels = BucketLabels(self.index.names, self.index.labels(window))
+            self._epoch, self._planned = None, window
+        return super().epoch_plan(epoch)
+
+    def plan(self, epoch: int, layout: Layout, consumed: int) -> BucketWorkerPlan:
+        self._layout = layout  # what `turn` needs: this worker's place
+        return super().plan(epoch, layout, consumed)
+
+    def turn(self, k: int, total: int) -> int:
+        """Where the epoch's batch k comes in this rank's epoch: the DataLoader takes its
+        workers' batches round-robin (worker p's j-th batch is the rank's j * workers + p)."""
+        layout = self._layout or Layout(self.rank, self.world, 0, 1)
+        first, _ = worker_range(total, layout)
+        return (k - first) * layout.workers + layout.worker
 
     def reader(self) -> ClipReader:
         if self._reader is None or self._reader[0] != os.getpid():
             reader = ClipReader(
                 *(self.shards, self.storage_options, self.cache_spec, self.verify),
                 hold_bytes=self.shuffle_buffer_bytes,
+                clip_bytes=self.hold_limit(),
             )
             self._reader = (os.getpid(), reader)
         return self._reader[1]  # type: ignore[return-value]
+
+    def hold_limit(self) -> int:
+        limit = self.shuffle_buffer_bytes
+        return DEFAULT_LIMIT if limit is None else limit
 
     def batches(self, plan: BucketWorkerPlan, epoch: int) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         epoch_plan = self.epoch_plan(epoch)
@@ -195,18 +176,19 @@ class VideoDataset(BucketDataset):
         previous = None
         for k, raws in zip(plan.batches, self.clip_samples(plan), strict=True):
             bucket = self.labels.names[int(epoch_plan.bucket[k])]
-            previous = self.clip_batch(raws, frames, bucket, epoch, previous)
+            phase = phase_at(self.phases, self.first_step + self.turn(k, len(epoch_plan)))
+            previous = self.clip_batch(raws, frames, (bucket, phase), epoch, previous)
             yield previous
         if self.failed:
             log.warning("epoch %d: clips replaced by others of their batch: %s", epoch, self.failed)
 
     def clip_samples(self, plan: BucketWorkerPlan) -> Iterator[list]:
         """[(position, raw sample or None)] of each planned batch. Samples read before their
-        batch wait here; each holds its clip as a local file, so memory stays small."""
+        batch wait in a ClipStore: at most `shuffle_buffer_bytes` of clips in memory."""
         epoch_plan = self._epoch[2]
         reader = self.read_positions(plan.segments)
         wanted = {int(p) for k in plan.batches for p in epoch_plan.batch(k)}
-        pending: dict[int, dict[str, Any] | None] = {}
+        pending = ClipStore(self.hold_limit(), self.reader().folder_path())
         try:
             for k in plan.batches:
                 positions = [int(p) for p in epoch_plan.batch(k)]
@@ -214,20 +196,21 @@ class VideoDataset(BucketDataset):
                     while position not in pending:
                         found, sample = next(reader)
                         if found in wanted:
-                            pending[found] = sample
+                            pending.put(found, sample)
+                            self.held_peak = max(self.held_peak, pending.bytes)
                         else:  # a read-past gap
                             release_sample(sample)
                 yield [(position, pending.pop(position)) for position in positions]
         finally:
-            for sample in pending.values():
-                release_sample(sample)
+            pending.close()
 
     def clip_batch(
-        self, raws: list, frames: np.ndarray, bucket: str, epoch: int, previous: Any
+        self, raws: list, frames: np.ndarray, where: tuple[str, Phase], epoch: int, previous: Any
     ) -> dict[str, Any]:
         """One batch: every clip's window decoded; a failed one replaced by another clip of
         the batch; a batch with none is the previous batch again."""
-        clips = [self.clip(raw, int(frames[p]), bucket, epoch) for p, raw in raws]
+        bucket, phase = where
+        clips = [self.clip(raw, int(frames[p]), where, epoch) for p, raw in raws]
         good = [clip for clip in clips if clip is not None]
         if not good:
             if previous is None:
@@ -236,34 +219,47 @@ class VideoDataset(BucketDataset):
         filled = [c if c is not None else good[i % len(good)] for i, c in enumerate(clips)]
         video = torch.from_numpy(np.stack([clip.video for clip in filled]))
         return {
-            "video": video.permute(0, 1, 4, 2, 3).contiguous(),  # channels before H, W
+            # [B, T, C, H, W] as a view of the decoded channels-last frames: a transposing
+            # copy here cost more than decoding (0.34 s per 44 MB batch, measured); the
+            # training step's own copy (to the GPU, to float) does it for free
+            "video": video.permute(0, 1, 4, 2, 3),
             "txt": [clip.text for clip in filled],
             "__key__": [clip.key for clip in filled],
             "bucket": bucket,
             "frame_start": [clip.start for clip in filled],
         }
 
-    def clip(self, raw: dict[str, Any] | None, frames: int, bucket: str, epoch: int) -> Clip | None:
-        """The sample's window, decoded; None (counted) when it cannot be."""
+    def clip(
+        self, raw: dict[str, Any] | None, frames: int, where: tuple[str, Phase], epoch: int
+    ) -> Clip | None:
+        """The sample's window at its phase's length and size; None (counted) when it cannot
+        be decoded."""
         if raw is None:
             return self.fail("unreadable")
-        made = None
+        bucket, phase = where
         try:
             value = video_member(raw)
             if value is None:
                 return self.fail("no_video")
-            path, made = clip_path(value, self.reader().folder_path())
-            start = window_start(self.seed, epoch, raw["__key__"], frames, self.window)
-            video = decode_window(path, start, self.window)
-            height, width = self.labels.size(self.labels.names.index(bucket))
+            start, count = clip_window(self.seed, epoch, raw["__key__"], frames, phase.frames)
+            own = parse_bucket(bucket)
+            width, height = scaled_size(*own, phase.area)
+            scale = None if (width, height) == own else (width, height)
+            if isinstance(value, Spilled) and value.size > self.hold_limit():
+                video = decode_window_bounded(value.path, start, count, scale)
+            elif isinstance(value, Spilled):
+                video = decode_window(value.path, start, count, scale)
+            else:  # waited in memory: decoded from its bytes
+                video = decode_window(io.BytesIO(value), start, count, scale)
             if video.shape[1:3] != (height, width):
                 return self.fail("off_bucket")
+            if count < phase.frames:  # a one-frame clip (an image): its frame, T times
+                video = np.repeat(video, phase.frames, axis=0)
             return Clip(video, raw["__key__"], caption(raw), start)
         except Exception:  # noqa: BLE001 - decord raises its own errors for every bad file
             return self.fail("decode_failed")
         finally:
             release_sample(raw)
-            release([made])
 
     def fail(self, reason: str) -> None:
         self.failed[reason] = self.failed.get(reason, 0) + 1
@@ -273,12 +269,14 @@ class VideoLoader:
     """What a training script iterates: one epoch of this rank's batches per iteration, each a
     dict with `video` (uint8 [B, T, C, H, W]), `txt`, `__key__`, `bucket` ("WxH") and
     `frame_start`. `set_epoch(n)` before an epoch; `state_dict()` after any batch, and
-    `load_state_dict(state)` on a new loader continues that epoch exactly."""
+    `load_state_dict(state)` on a new loader continues that epoch exactly. `step` counts the
+    batches handed out since training began (across epochs): the schedule's clock."""
 
     def __init__(self, dataset: VideoDataset, workers: int) -> None:
         self.dataset = dataset
         self.loader = make_loader(dataset, workers)
         self.epoch, self.consumed = 0, 0  # batches of `epoch` this loader has handed out
+        self.step = 0
 
     @property
     def buckets(self) -> tuple[str, ...]:
@@ -286,8 +284,13 @@ class VideoLoader:
 
     @property
     def dropped(self) -> dict[str, int]:
-        """Samples left out of every epoch, by reason (too_short, no_video, unreadable)."""
-        return self.dataset.index.dropped(self.dataset.window)
+        """Samples left out of this epoch, by reason (too_short, no_video, unreadable)."""
+        self.dataset.first_step = self.step - self.consumed
+        return self.dataset.index.dropped(self.dataset.epoch_frames(self.epoch))
+
+    def phase(self) -> Phase:
+        """The schedule's phase of the next batch."""
+        return phase_at(self.dataset.phases, self.step)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.consumed = epoch, 0
@@ -295,35 +298,44 @@ class VideoLoader:
     def state_dict(self) -> dict[str, Any]:
         data = self.dataset
         return {
-            "epoch": self.epoch,
-            "consumed": self.consumed,
+            **{"epoch": self.epoch, "consumed": self.consumed, "step": self.step},
             **{"seed": data.seed, "frames": data.window, "batch_size": data.batch_size},
-            **{"rank": data.rank, "world": data.world},
+            **{"rank": data.rank, "world": data.world, "schedule": schedule_of(data.phases)},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at `state`'s place; the plan must be the same (seed, frames, batch, world)."""
+        """Continue at `state`'s place; the plan must be the same (seed, frames, batch,
+        world, schedule)."""
         mine = self.state_dict()
-        for name in ("seed", "frames", "batch_size", "world"):
+        for name in ("seed", "frames", "batch_size", "world", "schedule"):
             if state.get(name, mine[name]) != mine[name]:
                 raise ValueError(
                     f"loader state has {name}={state[name]}, this loader {mine[name]}: "
                     "an exact resume needs the same plan"
                 )
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self.step = int(state.get("step", self.consumed))
 
     def __len__(self) -> int:
+        self.dataset.first_step = self.step - self.consumed
         return self.dataset.batches_per_epoch(self.epoch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self.consumed >= len(self):  # the epoch was finished: iterate it again
             self.consumed = 0
         # Why here: the workers copy the dataset's place when iteration starts.
+        self.dataset.first_step = self.step - self.consumed
         self.dataset.set_epoch(self.epoch, 1)
         self.dataset.resume_at(self.epoch, self.consumed)
         for batch in self.loader:
             self.consumed += 1
+            self.step += 1
             yield batch
+
+
+def schedule_of(phases: Sequence[Phase]) -> list[list[Any]]:
+    """The phases as the state keeps them (plain lists: a checkpoint round-trips them)."""
+    return [[p.step, p.frames, p.size] for p in phases]
 
 
 def video_loader(
@@ -338,16 +350,20 @@ def video_loader(
     storage_options: dict[str, Any] | None = None,
     cache: tuple[str, int] | None = None,
     verify: bool = True,
+    schedule: Sequence[dict[str, Any]] | None = None,
     **options: Any,
 ) -> VideoLoader:
     """A window loader over a build's manifest (a path or URL, a Manifest, or weighted
-    Manifests). `options` are ShardDataset's: shuffle_buffer (in clips), step_batches."""
+    Manifests). `schedule`: [{"step", "size" ("WxH" or "360p"), "frames"}] (progressive
+    resolution, module docstring). `options` are ShardDataset's: shuffle_buffer (in clips),
+    shuffle_buffer_bytes (clips waiting in memory, per worker), step_batches."""
     if isinstance(manifest, str):
         manifest = read_manifest(manifest, storage_options)
+    phases = parse_schedule(schedule, frames)
     shards, _ = mixed(manifest)
     index = read_index(shards, storage_options, cache, verify)
     dataset = VideoDataset(
-        *(manifest, batch_size, frames, index),
+        *(manifest, batch_size, frames, index, phases),
         **(options | {"seed": seed, "rank": rank, "world": world}),
         **{"storage_options": storage_options, "cache": cache, "verify": verify},
     )
