@@ -23,6 +23,7 @@ STAGE_MODULES = {
         "decode_image",
         "download",
         "exact_dedupe",
+        "face_blur",
         "language_filter",
         "metadata_filter",
         "motion_score",

@@ -20,6 +20,8 @@ def dead_end(stages: list[Any]) -> str | None:
     """Why the stages (in run order) can never keep a sample, or None."""
     resize = None  # (stage, its resize options) of the last decode_image that resizes
     for stage in stages:
+        if stage.name == "face_blur" and (why := unblurred_video(stages, stage)) is not None:
+            return why
         if stage.name == "decode_image" and stage.options.resize.mode != "none":
             resize = stage
         if stage.name == "aspect_buckets" and resize is not None:
@@ -57,4 +59,25 @@ def after_resize(decode: Any, buckets: Any) -> str | None:
             f"{where}: min_pixels {opts.min_pixels} is above the {size}x{size} the resize "
             "leaves, so every sample would be dropped as too_few_pixels"
         )
+    return None
+
+
+def unblurred_video(stages: list[Any], blur: Any) -> str | None:
+    """face_blur blurs frames, never a video file: a video_frames that keeps the video before
+    it, or any video_frames after it, would store faces unblurred (every video sample dropped
+    as video_not_blurred, or frames written after the blur)."""
+    for stage in stages:
+        if stage.name != "video_frames":
+            continue
+        where = f"stages.{blur.index} (face_blur) and stages.{stage.index} (video_frames)"
+        if stage.index > blur.index:
+            return (
+                f"{where}: frames taken after face_blur would be stored unblurred; "
+                "list face_blur after video_frames"
+            )
+        if stage.options.keep_video:
+            return (
+                f"{where}: face_blur cannot blur a kept video file, so every video sample "
+                "would be dropped as video_not_blurred; set keep_video: false on video_frames"
+            )
     return None
