@@ -1,11 +1,17 @@
 """text_area: how much of a picture is text (PP-OCRv4 detector, ONNX, stages/lib/text_detect.py).
 
 Writes into `<key>.json`: `text_area`, the share of the picture covered by the union of the
-detected text boxes (0..1), and `text_boxes`, the boxes as normalised [x0, y0, x1, y1] (the
-largest `max_boxes`). An image sample is its image; a video sample is its sampled frames
-(`000.jpg`, ... written by video_frames), or, when it has none yet, `num_frames` frames this
-stage decodes itself in an isolated child (as video_frames does, never stored): its
-`text_area` is the largest over its frames and `text_boxes` are that frame's.
+detected text lines (0..1; boxes grown by `area_unclip_ratio` to fit the ink, words on one
+line joined: stages/lib/text_detect.py), and `text_boxes`, the boxes as normalised
+[x0, y0, x1, y1] (the largest `max_boxes`). An image sample is its image; a video sample is
+its sampled frames (`000.jpg`, ... written by video_frames), or, when it has none yet,
+`num_frames` frames this stage decodes itself in an isolated child (as video_frames does,
+never stored): its `text_area` is the largest over its frames and `text_boxes` are that frame's.
+
+`recognize: true` also reads the text in the stored boxes (PP-OCRv4 recogniser, same wheel,
+stages/lib/text_recognize.py) into `text_lines`: [{"box": [x0, y0, x1, y1], "text": str,
+"score": 0..1}, ...] in reading order (top to bottom, left to right), for a video from the same
+frame as `text_boxes`; a box read with a score under `text_score` (or as nothing) is left out.
 
 Drops: `text_area` (over `max_area`), `text_area_low` (under `min_area`), `no_image` (no
 picture and no video), `too_many_pixels` (from the header, before decoding), `decode_error`,
@@ -35,6 +41,12 @@ from mmcurate.stages.base import (
 )
 from mmcurate.stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, upright
 from mmcurate.stages.lib.text_detect import DetectSettings, TextDetector, model_file, union_area
+from mmcurate.stages.lib.text_recognize import (
+    RECOGNIZER_FILE,
+    TextRecognizer,
+    crop,
+    reading_order,
+)
 from PIL import Image
 from pydantic import Field, model_validator
 
@@ -45,22 +57,24 @@ LOW_REASON = "text_area_low"
 class TextAreaOptions(StageOptions):
     max_area: float | None = Field(None, ge=0, le=1, description="drop above (text_area)")
     min_area: float | None = Field(None, ge=0, le=1, description="drop below (text_area_low)")
-    batch_size: int = Field(8, ge=1, description="pictures per network run")
+    batch_size: int = Field(1, ge=1, description="pictures per network run (CPU: 1 is best)")
     threads: int = Field(1, ge=0, description="onnxruntime threads per task (0: all cores)")
     short_side: int = Field(736, ge=32, le=4096, description="network input short side")
     max_side: int = Field(2000, ge=32, le=8192, description="network input long side cap")
     thresh: float = Field(0.3, gt=0, lt=1, description="text probability threshold")
     box_thresh: float = Field(0.5, ge=0, le=1, description="a box's mean probability")
     unclip_ratio: float = Field(1.6, ge=0, le=5, description="box growth (DB unclip)")
+    area_unclip_ratio: float = Field(
+        1.4, ge=0, le=5, description="box growth for the area (ink-tight lines)"
+    )
     max_boxes: int = Field(50, ge=0, description="boxes stored in the json (largest first)")
     num_frames: int = Field(4, ge=1, le=64, description="video without frames: frames decoded")
     timeout_s: float = Field(30.0, gt=0, description="per video decoded here")
-    recognize: bool = Field(False, description="also recognise the text (not available yet)")
+    recognize: bool = Field(False, description="also recognise the text: text_lines")
+    text_score: float = Field(0.5, ge=0, le=1, description="recognize: lines scored under it")
 
     @model_validator(mode="after")
     def _consistent(self) -> TextAreaOptions:
-        if self.recognize:
-            raise ValueError("recognize: true is not available yet (text detection only)")
         if self.min_area is not None and self.max_area is not None:
             if self.min_area > self.max_area:
                 raise ValueError(f"min_area {self.min_area} is above max_area {self.max_area}")
@@ -76,6 +90,8 @@ class TextArea(Stage):
     def check(self) -> None:
         try:
             model_file()
+            if self.options.recognize:
+                model_file(RECOGNIZER_FILE)
         except FileNotFoundError as err:
             raise ConfigError(f"stages.{self.index}: {err}") from None
 
@@ -87,9 +103,11 @@ class TextArea(Stage):
             thresh=opts.thresh,
             box_thresh=opts.box_thresh,
             unclip_ratio=opts.unclip_ratio,
+            area_unclip_ratio=opts.area_unclip_ratio,
         )
         self.detector = TextDetector(settings, opts.threads, opts.batch_size)
         self.decoder: Any = None  # started on the first video without frames
+        self.recognizer = TextRecognizer(opts.threads) if opts.recognize else None
 
     def process(self, batch: Columns) -> tuple[Columns, list[str | None]]:
         size = len(batch["__key__"])
@@ -99,22 +117,37 @@ class TextArea(Stage):
             rows = range(start, min(size, start + self.options.batch_size))
             flat = [(i, p) for i in rows for p in self.pictures(batch, i, reasons)]
             found = self.detector.detect([p for _, p in flat]) if flat else []
-            best: dict[int, tuple[float, np.ndarray]] = {}
-            for (i, _), boxes in zip(flat, found, strict=True):
-                area = round(union_area(boxes), 6)
+            best: dict[int, tuple[float, np.ndarray, Image.Image]] = {}
+            for (i, picture), text in zip(flat, found, strict=True):
+                area = round(union_area(text.lines), 6)
                 if i not in best or area > best[i][0]:
-                    best[i] = (area, boxes)  # a video: its frame with the most text
-            for i, (area, boxes) in best.items():
-                metas[i] = with_fields(metas[i], {"text_area": area, **self.stored(boxes)})
+                    best[i] = (area, self.largest(text.boxes), picture)  # a video: most text
+            lines = self.read(best) if self.recognizer is not None else {}
+            for i, (area, boxes, _) in best.items():
+                fields = {"text_area": area, "text_boxes": rounded(boxes)}
+                if self.recognizer is not None:
+                    fields["text_lines"] = lines[i]
+                metas[i] = with_fields(metas[i], fields)
                 reasons[i] = self.verdict(area)
         batch["json"] = metas
         return batch, reasons
 
-    def stored(self, boxes: np.ndarray) -> dict[str, Any]:
-        """The largest `max_boxes` boxes, rounded, for the json."""
+    def largest(self, boxes: np.ndarray) -> np.ndarray:
+        """The largest `max_boxes` boxes (those stored and read)."""
         sizes = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-        largest = boxes[np.argsort(-sizes, kind="stable")[: self.options.max_boxes]]
-        return {"text_boxes": [[round(float(v), 4) for v in box] for box in largest]}
+        return boxes[np.argsort(-sizes, kind="stable")[: self.options.max_boxes]]
+
+    def read(self, best: dict[int, tuple[float, np.ndarray, Image.Image]]) -> dict[int, list]:
+        """Each row's recognised lines in reading order: {box, text, score}; lines scored
+        under `text_score` (or empty) are left out. All crops of the batch in one call."""
+        wanted = [(i, box) for i, (_, boxes, _) in best.items() for box in ordered(boxes)]
+        crops = [crop(best[i][2], box) for i, box in wanted]
+        lines: dict[int, list] = {i: [] for i in best}
+        for (i, box), line in zip(wanted, self.recognizer.recognize(crops), strict=True):
+            if line.text.strip() and line.score >= self.options.text_score:
+                entry = {"box": rounded(box[None])[0], "text": line.text}
+                lines[i].append(entry | {"score": round(line.score, 4)})
+        return lines
 
     def verdict(self, area: float) -> str | None:
         high, low = self.options.max_area, self.options.min_area
@@ -177,6 +210,14 @@ def decoded(value: Media) -> tuple[Image.Image | None, str | None]:
             return to_rgb(upright(image)), None
     except DECODE_ERRORS as err:
         return None, failure_reason(err)
+
+
+def rounded(boxes: np.ndarray) -> list[list[float]]:
+    return [[round(float(v), 4) for v in box] for box in boxes]
+
+
+def ordered(boxes: np.ndarray) -> np.ndarray:
+    return boxes[reading_order(boxes)] if len(boxes) else boxes
 
 
 def with_fields(text: str | None, fields: dict) -> str:

@@ -84,6 +84,64 @@ def text_cases() -> list[tuple[str, Image.Image, float]]:
     return cases
 
 
+FONTS = [
+    "dejavu/DejaVuSans.ttf",
+    "dejavu/DejaVuSerif-Bold.ttf",
+    "liberation/LiberationMono-Regular.ttf",
+    "liberation/LiberationSans-BoldItalic.ttf",
+    "liberation/LiberationSerif-Regular.ttf",
+    "dejavu/DejaVuSansCondensed-Oblique.ttf",
+]
+FONT_DIR = "/usr/share/fonts/truetype/"
+LEXICON = (
+    "sale today breaking news weather live goal final offer new season subscribe watch now "
+    "limited free shipping best price world cup exclusive interview"
+).split()
+PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "cat", "hubble_deep_field"]
+
+
+def line_of_words(draw: ImageDraw.ImageDraw, font, width: float, rng) -> str:
+    text = LEXICON[rng.integers(len(LEXICON))]
+    while True:
+        longer = f"{text} {LEXICON[rng.integers(len(LEXICON))]}"
+        if draw.textlength(longer, font=font) > width:
+            return text
+        text = longer
+
+
+def dense_text(seed: int) -> tuple[Image.Image, float]:
+    """A real photo covered with lines of text (several fonts and sizes, outlined as overlays
+    are): 0.3 to 0.8 of it is text. The true share is the union of the lines' boxes."""
+    rng = np.random.default_rng(seed)
+    base = Image.fromarray(getattr(skimage.data, PHOTOS[seed % len(PHOTOS)])()).convert("RGB")
+    scale = 480 / max(base.size) * rng.uniform(0.8, 1.2)
+    image = base.resize((int(base.width * scale), int(base.height * scale)))
+    draw, (width, height) = ImageDraw.Draw(image), image.size
+    # spaced lines, lines packed close, or lines packed close across nearly the whole width
+    packing = seed % 3
+    wide = (0.75, 0.97) if packing < 2 else (0.9, 0.98)
+    gaps = [(0.1, 0.4), (0.0, 0.06), (0.0, 0.02)][packing]
+    boxes, top = [], int(height * rng.uniform(0.01, 0.06))
+    while True:
+        size = int(height * rng.uniform(0.08, 0.16 if packing < 2 else 0.2))
+        font = ImageFont.truetype(FONT_DIR + FONTS[rng.integers(len(FONTS))], size)
+        text = line_of_words(draw, font, width * rng.uniform(*wide), rng)
+        if packing == 2:  # the line's size set so that it spans the chosen width
+            fit = width * rng.uniform(*wide) / draw.textlength(text, font=font)
+            font = font.font_variant(size=max(8, min(int(size * fit), int(height * 0.25))))
+        x = int(rng.uniform(0.02, 0.98) * max(1, width - draw.textlength(text, font=font)))
+        stroke = int(rng.integers(1, 3))
+        box = draw.textbbox((x, top), text, font=font, stroke_width=stroke)
+        if box[3] > height * 0.97:
+            break
+        dark = float(np.asarray(image.crop(box).convert("L")).mean()) > 128
+        ink, edge = ((10, 10, 10), (255, 255, 255)) if dark else ((255, 255, 255), (0, 0, 0))
+        draw.text((x, top), text, font=font, fill=ink, stroke_width=stroke, stroke_fill=edge)
+        boxes.append([box[0] / width, box[1] / height, min(box[2], width) / width, box[3] / height])
+        top = box[3] + int(size * rng.uniform(*gaps))
+    return image, union_area(np.array(boxes, np.float32))
+
+
 def textures() -> dict[str, np.ndarray]:
     x = np.arange(320)
     stripes = np.where((x // 12) % 2 == 0, 230, 25).astype(np.uint8)
@@ -121,6 +179,19 @@ def test_area_matches_the_rendered_text(stage):
         assert fields["text_boxes"] and all(0 <= v <= 1 for b in fields["text_boxes"] for v in b)
     close = [name for name, (err, _) in errors.items() if abs(err) <= 0.05]
     assert len(close) >= 0.9 * len(cases), errors
+
+
+def test_area_of_pictures_mostly_covered_by_text(stage):
+    """0.3 to 0.8 of a real photo is text (lines of several fonts and sizes, spaced or packed
+    close): text_area is within 0.05 of the union of the lines' boxes on >= 90% of them."""
+    cases = [dense_text(seed) for seed in range(12)]
+    assert all(0.3 <= truth <= 0.8 for _, truth in cases), [t for _, t in cases]
+    assert max(truth for _, truth in cases) > 0.7
+    out = run(stage, {"__key__": [f"d{i}" for i in range(12)], "jpg": [jpeg(c[0]) for c in cases]})
+    errors = [
+        json.loads(m)["text_area"] - truth for m, (_, truth) in zip(out["json"], cases, strict=True)
+    ]
+    assert sum(abs(e) <= 0.05 for e in errors) >= 0.9 * len(cases), np.round(errors, 3)
 
 
 def test_textures_without_text_score_near_zero(stage):
@@ -189,7 +260,7 @@ def encode(frames: list[Image.Image]) -> bytes:
 @pytest.mark.parametrize(
     "options, words",
     [
-        ({"recognize": True}, "not available yet"),
+        ({"recognize": True, "text_score": 1.5}, "text_score"),
         ({"min_area": 0.5, "max_area": 0.2}, "above max_area"),
         ({"max_area": 1.5}, "max_area"),
     ],
@@ -198,3 +269,52 @@ def test_bad_options_are_one_line(options, words):
     with pytest.raises(ConfigError) as err:
         build_stage({"name": "text_area", **options})
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+READ = ["SALE 50% OFF", "Breaking news", "Weather 21C", "subscribe now", "GOAL 2:1", "Hello World"]
+
+
+def rendered_lines(seed: int) -> tuple[Image.Image, list[tuple[str, list[float]]]]:
+    """A real photo with the READ lines in several fonts and sizes: (picture, [(text, box)])."""
+    image = Image.fromarray(getattr(skimage.data, PHOTOS[seed])()).convert("RGB")
+    image = image.resize((640, int(640 * image.height / image.width)))
+    draw, lines, top = ImageDraw.Draw(image), [], 12
+    for k, text in enumerate(READ):
+        font = ImageFont.truetype(FONT_DIR + FONTS[(seed + k) % len(FONTS)], 26 + 3 * k)
+        box = draw.textbbox((16 + 9 * k, top), text, font=font, stroke_width=2)
+        draw.text(
+            (16 + 9 * k, top), text, font=font, fill="white", stroke_width=2, stroke_fill="black"
+        )
+        lines.append(
+            (
+                text,
+                [
+                    box[0] / image.width,
+                    box[1] / image.height,
+                    box[2] / image.width,
+                    box[3] / image.height,
+                ],
+            )
+        )
+        top = box[3] + 14
+    return image, lines
+
+
+def test_recognize_reads_rendered_lines():
+    """recognize: true stores `text_lines` (box, text, score) in reading order; the boxes inside
+    each rendered line, read left to right, give its text (spaces aside: the recogniser may
+    drop those between words) for most lines."""
+    stage = build_stage({"name": "text_area", "recognize": True})
+    pictures = [rendered_lines(seed) for seed in range(2)]
+    out = run(stage, {"__key__": ["a", "b"], "jpg": [jpeg(p) for p, _ in pictures]})
+    right, total = 0, 0
+    for meta, (_, truth) in zip(out["json"], pictures, strict=True):
+        found = json.loads(meta)["text_lines"]
+        assert all(set(f) == {"box", "text", "score"} and 0.5 <= f["score"] <= 1 for f in found)
+        for text, box in truth:
+            inside = [
+                f["text"] for f in found if box[1] <= (f["box"][1] + f["box"][3]) / 2 <= box[3]
+            ]
+            right += "".join(inside).replace(" ", "") == text.replace(" ", "")
+            total += 1
+    assert right >= 0.8 * total, out["json"]
