@@ -178,6 +178,43 @@ def test_run_build_from_python_on_the_local_runtime_finishes(tmp_path):
     assert done.stdout.strip().splitlines()[-1] == "8"
 
 
+@pytest.mark.slow
+def test_a_build_from_a_process_that_used_torch_and_opencv_threads_finishes(tmp_path):
+    """`mmcurate.build` from a notebook that ran torch and OpenCV on several threads first:
+    the pools those left in the caller are copied into every fork, and a worker that entered
+    one (clip_score's torch, face_blur's cv2) waited forever."""
+    photos = write_folder(make_shapes(8, seed=5), tmp_path / "photos")
+    spec = {
+        "source": {"kind": "images", "path": str(photos), "files_per_task": 2},
+        "stages": [{"name": "face_blur"}, {"name": "clip_score", **TINY}],
+        "output": {"path": str(tmp_path / "out")},
+        "ray": {"num_cpus": 2, "runtime": "local"},
+    }
+    script = (
+        "import json, sys\n"
+        "import cv2, numpy, torch\n"
+        "cv2.GaussianBlur(numpy.zeros((2000, 2000, 3), numpy.uint8), (31, 31), 0)\n"
+        "torch.ones(512, 512) @ torch.ones(512, 512)\n"
+        "import mmcurate\n"
+        "print(mmcurate.build(json.loads(sys.argv[1]))['samples'])\n"
+        "print(cv2.getNumThreads() > 1)\n"  # the caller's own OpenCV setting is kept
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(spec)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the build did not finish in {LIMIT_S} s (a worker deadlocked)")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-2:] == ["8", "True"]
+
+
 def start_a_child(_: int) -> tuple[str, bool, int]:
     """A task that starts a process of its own (a stage may): refused in a daemonic one."""
     import multiprocessing

@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -119,6 +119,33 @@ def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+@contextlib.contextmanager
+def single_threaded_opencv() -> Iterator[None]:
+    """OpenCV's own thread pool off in what forks meanwhile (the zygote, so every worker; each
+    runs one task per core anyway): a forked worker that enters a pool the driver started (a
+    notebook that used cv2 before `mmcurate.build`) waits forever on threads the fork did not
+    copy. The driver's own setting is put back."""
+    cv2 = sys.modules.get("cv2")
+    if cv2 is None or not hasattr(cv2, "setNumThreads"):
+        yield
+        return
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(threads)
+
+
+def single_threaded_torch() -> None:
+    """One torch thread in a worker whose driver had imported torch (the environment variable
+    above is read only when torch starts): torch then runs its ops inline, never entering an
+    OpenMP pool that a driver which had used torch (a notebook) left behind in the fork."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(1)
+
+
 def start_method() -> str:
     """Fork (the zygote, then workers from it), for workers warm in milliseconds; but spawn
     where this process runs Ray: a fork copies the locks of Ray's gRPC threads held, and the
@@ -141,7 +168,8 @@ class LocalPool:
         # Forked now, while this process is clean: every worker is forked from it, never from
         # this process once it may have started thread pools (zygote.py).
         serve = partial(_serve, counters=self.counters)
-        self.zygote = Zygote(serve) if start_method() == "fork" else None
+        with single_threaded_opencv():
+            self.zygote = Zygote(serve) if start_method() == "fork" else None
         self.workers: list[_Worker] = []
         self.grow(self.limit if start is None else start)
         self.retried = 0  # tasks run again after their worker died
@@ -276,6 +304,7 @@ def _serve(conn: Connection, inherited: list[Connection], counters: Counters | N
         other.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one CPU per task, as Ray's workers
+    single_threaded_torch()
     fns: dict[int, Callable[[Any], Any]] = {}
     while True:
         try:
