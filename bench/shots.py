@@ -279,7 +279,7 @@ def run_detector(name: str, paths: list[str]) -> list[dict]:
     if name == "package":
         package_net()
     if name.startswith("transnetv2"):
-        from mmcurate.stages.lib.transnet import load_net
+        from mmcurate.stages.lib.transnet_net import load_net
 
         load_net()
     rows = []

@@ -22,17 +22,9 @@ from functools import partial
 from typing import IO, Any
 
 from mmcurate.core.spill import Spilled, spill_stream
-from mmcurate.core.tar_writer import (  # noqa: F401  (re-exported: the writer's historical home)
+from mmcurate.core.tar_writer import (
     BLOCK,
-    RECORD,
     USTAR_NAME_BYTES,
-    TarWriter,
-    fits_ustar,
-    member_header,
-    sample_media,
-    sample_members,
-    write_member,
-    write_tar,
 )
 
 EXT_ALIASES = {"jpeg": "jpg", "tif": "tiff"}

@@ -165,7 +165,10 @@ def video_loader(
     `__key__`, `bucket` ("WxH") and `frame_start`; one rank's share of an epoch per
     iteration, every rank the same number of batches. `set_epoch(n)`, `state_dict()`,
     `load_state_dict(state)` (an exact mid-epoch resume). `options`: cache=(folder, byte
-    limit), verify, shuffle_buffer, step_batches (trainer/data/video_loader.py)."""
+    limit), verify, schedule=[{"step", "size" ("WxH" or "360p"), "frames"}] (progressive
+    resolution: from `step` on, each bucket at about that many pixels and that many frames),
+    shuffle_buffer, shuffle_buffer_bytes (clips waiting in a worker, in memory, before they
+    wait in files), step_batches (trainer/data/video_loader.py)."""
     from mmcurate.trainer.data.video_loader import video_loader as make
 
     return make(

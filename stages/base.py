@@ -16,13 +16,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import pyarrow as pa
 from mmcurate.core.config_io import Strict, checked_resources
-from mmcurate.core.formats import (  # noqa: F401  (re-exported: the stage interface's column names)
-    FRAME_COLUMN,
+from mmcurate.core.formats import (
     IMAGE_COLUMNS,
-    VIDEO_COLUMNS,
-    frame_column,
     is_media_column,
-    sample_meta,
 )
 from mmcurate.core.mapreduce import Runner
 from mmcurate.stages.lib.decisions import KeyedDecision, TopFraction

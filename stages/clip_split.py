@@ -30,23 +30,19 @@ import time
 import uuid
 from typing import ClassVar, Literal
 
-from mmcurate.core.formats import FRAME_COLUMN, meta_json
-from mmcurate.core.spill import Media, Spilled, media_bytes, release, task_folder
-from mmcurate.stages.base import (
-    DROP,
-    DROP_STAGE,
+from mmcurate.core.formats import (
+    FRAME_COLUMN,
     VIDEO_COLUMNS,
-    Columns,
-    Stage,
-    StageOptions,
     is_media_column,
-    register,
+    meta_json,
     sample_meta,
 )
+from mmcurate.core.spill import Media, Spilled, media_bytes, release, task_folder
+from mmcurate.stages.base import DROP, DROP_STAGE, Columns, Stage, StageOptions, register
 from mmcurate.stages.lib.isolation import Isolated
 from mmcurate.stages.lib.transnet import split_shots
+from mmcurate.stages.lib.video_child import PARENT, decoder_input, isolated_decode
 from mmcurate.stages.lib.video_split import CLIP_CONTAINER, header_seconds, split_video
-from mmcurate.stages.video_frames import PARENT, decoder_input, isolated_decode
 from pydantic import Field, model_validator
 
 TRANSNET_THRESHOLD = 0.5  # the reference implementation's

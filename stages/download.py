@@ -31,9 +31,9 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal
 
-from mmcurate.core.formats import meta_json
+from mmcurate.core.formats import IMAGE_COLUMNS, meta_json, sample_meta
 from mmcurate.core.spill import MemoryBudget, SpillError, release, task_folder, task_limits
-from mmcurate.stages.base import IMAGE_COLUMNS, Columns, Stage, StageOptions, register, sample_meta
+from mmcurate.stages.base import Columns, Stage, StageOptions, register
 from mmcurate.stages.lib.fetch_policy import FetchPolicy
 from mmcurate.stages.lib.host_limits import HostLimits, interleaved
 from mmcurate.stages.lib.http_conn import Connections

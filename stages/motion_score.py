@@ -40,17 +40,9 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
-from mmcurate.core.formats import meta_json
+from mmcurate.core.formats import VIDEO_COLUMNS, meta_json, sample_meta
 from mmcurate.core.spill import Media, media_size, release
-from mmcurate.stages.base import (
-    VIDEO_COLUMNS,
-    Columns,
-    Stage,
-    StageOptions,
-    media_column,
-    register,
-    sample_meta,
-)
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
 from mmcurate.stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
 from mmcurate.stages.lib.motion_vectors import (
     FrameMotion,
@@ -62,8 +54,8 @@ from mmcurate.stages.lib.motion_vectors import (
     reference_distance,
     upright_motion,
 )
+from mmcurate.stages.lib.video_child import PARENT, decoder_input
 from mmcurate.stages.lib.video_probe import NoVideoStream, media_source, refuse_images
-from mmcurate.stages.video_frames import PARENT, decoder_input
 from pydantic import Field, model_validator
 
 PROBE_FRAMES = 8  # decoded frames without a single vector: the stream has none

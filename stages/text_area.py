@@ -26,19 +26,9 @@ from typing import Any
 
 import numpy as np
 from mmcurate.core.config_io import ConfigError
-from mmcurate.core.formats import meta_json
+from mmcurate.core.formats import FRAME_COLUMN, IMAGE_COLUMNS, VIDEO_COLUMNS, meta_json, sample_meta
 from mmcurate.core.spill import Media
-from mmcurate.stages.base import (
-    FRAME_COLUMN,
-    IMAGE_COLUMNS,
-    VIDEO_COLUMNS,
-    Columns,
-    Stage,
-    StageOptions,
-    media_column,
-    register,
-    sample_meta,
-)
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
 from mmcurate.stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, upright
 from mmcurate.stages.lib.text_detect import DetectSettings, TextDetector, model_file, union_area
 from mmcurate.stages.lib.text_recognize import (
@@ -186,8 +176,8 @@ class TextArea(Stage):
             return [], "no_image"
         from mmcurate.core.spill import release
         from mmcurate.stages.lib.isolation import Isolated
+        from mmcurate.stages.lib.video_child import decoder_input, isolated_decode
         from mmcurate.stages.lib.video_decode import sample_video
-        from mmcurate.stages.video_frames import decoder_input, isolated_decode
 
         if self.decoder is None:
             self.decoder = Isolated(preload=("mmcurate.stages.lib.video_decode", "decord", "av"))

@@ -39,21 +39,13 @@ from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from mmcurate.core.formats import FRAME_COLUMN, IMAGE_COLUMNS, meta_json
+from mmcurate.core.formats import FRAME_COLUMN, IMAGE_COLUMNS, VIDEO_COLUMNS, meta_json, sample_meta
 from mmcurate.core.spill import Media, Spilled, media_bytes, release, task_folder
-from mmcurate.stages.base import (
-    VIDEO_COLUMNS,
-    Columns,
-    Stage,
-    StageOptions,
-    media_column,
-    register,
-    sample_meta,
-)
+from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
 from mmcurate.stages.lib import video_bucket_table as table
 from mmcurate.stages.lib.buckets import aspect_error, placement
 from mmcurate.stages.lib.isolation import Isolated
-from mmcurate.stages.video_frames import clear_columns, decoder_input, isolated_decode
+from mmcurate.stages.lib.video_child import clear_columns, decoder_input, isolated_decode
 from PIL import Image
 from pydantic import Field, StrictInt, field_validator, model_validator
 

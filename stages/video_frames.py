@@ -7,26 +7,21 @@ earlier pass are replaced, not mixed in. Decoding runs in a child process per
 worker with a time limit per video, so a file that hangs or crashes the decoder costs only
 itself: `decode_timeout` / `decode_error`.
 
-Videos travel to the child by path: a Spilled value as it is, bytes over PIPE_MAX_BYTES
-written to the task's spill folder first (no pickled copy, and FFmpeg reads a file natively:
-measured 1.3-1.5x faster from 2.8 MB up); smaller bytes go over the pipe (as fast or faster).
+Videos travel to the child by path (stages/lib/video_child.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Literal
 
 from mmcurate.core.formats import FRAME_COLUMN, VIDEO_COLUMNS, frame_column, meta_json, sample_meta
-from mmcurate.core.spill import Media, Spilled, release, spill_bytes, task_folder
+from mmcurate.core.spill import Media, release
 from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
-from mmcurate.stages.lib.isolation import CallCrashed, CallFailed, CallTimeout, Isolated
+from mmcurate.stages.lib.isolation import Isolated
+from mmcurate.stages.lib.video_child import PARENT, clear_columns, decoder_input, isolated_decode
 from mmcurate.stages.lib.video_decode import sample_video
 from pydantic import Field
-
-PARENT = "__parent__"  # the source key of a clip cut by clip_split (None: not a clip)
-PIPE_MAX_BYTES = 1 << 20  # bytes values up to this go to the decoder over the pipe
 
 
 class VideoFramesOptions(StageOptions):
@@ -76,26 +71,11 @@ class VideoFrames(Stage):
             release(temporary)
 
 
-def decoder_input(value: Media) -> tuple[Media, list[Spilled]]:
-    """(what the decoder child is sent, temporary files to release after the call): big bytes
-    go by a file in the task's spill folder, so the child opens them by path."""
-    if not isinstance(value, bytes | bytearray) or len(value) <= PIPE_MAX_BYTES:
-        return value, []
-    spilled = spill_bytes(value, task_folder())
-    return spilled, [spilled]
-
-
 def put_frames(batch: Columns, row: int, frames: list[bytes]) -> None:
     """The row's frames, replacing all of an earlier pass (which may have had more)."""
     clear_columns(batch, row, [c for c in batch if FRAME_COLUMN.match(c)])
     for i, frame in enumerate(frames):
         batch.setdefault(frame_column(i), [None] * len(batch["__key__"]))[row] = frame
-
-
-def clear_columns(batch: Columns, row: int, columns: Iterable[str]) -> None:
-    for col in columns:
-        if batch.get(col) is not None:
-            batch[col][row] = None
 
 
 def clip_offset(batch: Columns, row: int, text: str | None) -> float:
@@ -108,24 +88,6 @@ def clip_offset(batch: Columns, row: int, text: str | None) -> float:
     start = sample_meta(text).get("clip_start")
     real = isinstance(start, (int, float)) and not isinstance(start, bool)
     return float(start) if real and math.isfinite(start) else 0.0
-
-
-def isolated_decode(
-    decoder: Isolated, fn: Callable[..., Any], args: tuple, timeout: float
-) -> tuple[Any, str | None]:
-    """(result, None), or (None, drop reason) when the decoder timed out, crashed or failed."""
-    try:
-        return decoder.call(fn, args, timeout), None
-    except CallTimeout:
-        return None, "decode_timeout"
-    except CallCrashed:
-        return None, "decode_error"
-    except CallFailed as err:
-        kind = str(err).split(":", 1)[0]
-        return None, FAILURE_REASONS.get(kind, "decode_error")
-
-
-FAILURE_REASONS = {"NoVideoStream": "no_video_stream", "NoFrames": "no_frames"}
 
 
 def merge_meta(text: str | None, result: dict, offset: float = 0.0) -> str:

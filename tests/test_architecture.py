@@ -96,3 +96,18 @@ def test_size_limits(package):
                 if length > 50:
                     too_long.append(f"{path.relative_to(ROOT)}:{node.name}: {length} lines")
     assert too_long == []
+
+
+def test_no_stage_imports_another_stage():
+    """What two stages share lives in stages/lib (or stages/base), never in one of them: a
+    stage used as a library by another is changed for one and breaks the other."""
+    stages = {p.stem for p in (ROOT / "stages").glob("*.py")} - {"__init__", "base", "registry"}
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sorted((ROOT / "stages").glob("*.py"))
+        for line, name in absolute_imports(path)
+        if name.removeprefix("mmcurate.").startswith("stages.")
+        and name.removeprefix("mmcurate.stages.").split(".")[0] in stages
+        and name.rsplit(".", 1)[-1] != path.stem
+    ]
+    assert wrong == []

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from mmcurate.stages.clip_split import ClipSplit, ClipSplitOptions
-from mmcurate.stages.lib import transnet
+from mmcurate.stages.lib import transnet, transnet_net
 from mmcurate.stages.lib.video_split import frame_span
 from PIL import Image
 from skimage import data
@@ -145,7 +145,7 @@ def test_flash_is_no_cut() -> None:
 def test_streaming_windows_match_the_reference_loop() -> None:
     """ShotPredictor (frames fed one at a time, windows batched) gives the package's own
     predict_frames probabilities, for lengths around the 50-frame step."""
-    net = transnet.load_net()
+    net = transnet_net.load_net()
     rng = np.random.default_rng(0)
     for count, batch in ((1, 8), (50, 2), (151, 2)):
         frames = rng.integers(0, 256, (count, 27, 48, 3), dtype=np.uint8)
@@ -159,14 +159,14 @@ def test_streaming_windows_match_the_reference_loop() -> None:
 
 
 def test_loading_leaves_global_state_alone() -> None:
-    transnet.load_net.cache_clear()
+    transnet_net.load_net.cache_clear()
     torch_state, np_state, py_state = (
         torch.get_rng_state(),
         np.random.get_state(),
         random.getstate(),
     )
     deterministic = torch.are_deterministic_algorithms_enabled()
-    transnet.load_net()
+    transnet_net.load_net()
     assert torch.equal(torch.get_rng_state(), torch_state)
     assert np.random.get_state()[1].tolist() == np_state[1].tolist()
     assert random.getstate() == py_state

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 import pyarrow.parquet as pq
 from mmcurate.core.atomic import write_bytes_atomic
+from mmcurate.core.formats import IMAGE_COLUMNS
 from mmcurate.core.storage import filesystem, join
 from mmcurate.core.tario import (
     EXT_ALIASES,
@@ -38,7 +39,6 @@ from mmcurate.core.tario import (
 from mmcurate.pipeline.report.buckets import bucket_section
 from mmcurate.pipeline.report.charts import bar_chart, histogram
 from mmcurate.pipeline.report.hosts import host_section
-from mmcurate.stages.base import IMAGE_COLUMNS
 from PIL import Image
 
 SCAN_BYTES = 64 << 20

@@ -10,9 +10,7 @@ import os
 from typing import Any
 
 import fsspec
-from mmcurate.core.manifest import Manifest, ManifestError, Shard, parse_manifest
-
-__all__ = ["Manifest", "ManifestError", "NoUsableData", "Shard", "read_manifest"]
+from mmcurate.core.manifest import Manifest, ManifestError, parse_manifest
 
 
 class NoUsableData(ManifestError):

@@ -15,10 +15,10 @@ from typing import IO, Any
 
 import fsspec
 import pyarrow.parquet as pq
+from mmcurate.core.manifest import Shard
 from mmcurate.core.spill import Spilled, release, remove_folder, spill_bytes, spill_folder
 from mmcurate.core.tario import SpillTo, iter_tar_samples
 from mmcurate.trainer.data.buckets import metadata_url
-from mmcurate.trainer.data.manifest import Shard
 from mmcurate.trainer.data.reader import ShardReader
 from mmcurate.trainer.data.video_windows import (
     VIDEO_MEMBERS,

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from mmcurate.core.manifest import Manifest
 from mmcurate.core.spill import Spilled
 from mmcurate.trainer.data.bucket_plan import (
     BucketEpoch,
@@ -60,7 +61,7 @@ from mmcurate.trainer.data.buckets import (
 )
 from mmcurate.trainer.data.dataset import make_loader
 from mmcurate.trainer.data.hold import DEFAULT_LIMIT
-from mmcurate.trainer.data.manifest import Manifest, NoUsableData, read_manifest
+from mmcurate.trainer.data.manifest import NoUsableData, read_manifest
 from mmcurate.trainer.data.plan import Layout, epoch_pieces, mixed
 from mmcurate.trainer.data.video_clips import (
     ClipReader,
