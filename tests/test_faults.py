@@ -58,6 +58,29 @@ def wait_for(predicate, timeout_s=120):
         time.sleep(0.05)
 
 
+def kill_build_after(spec: dict, out: Path, partitions: int, timeout_s: float = 120) -> int:
+    """`mmcurate build` of `spec` in its own process group on this session's Ray, killed with
+    SIGKILL once `partitions` partitions wrote their signatures (before the manifest); returns
+    how many had by then."""
+    config = out.parent / f"{out.name}-build.yaml"
+    config.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    done = out / "_work" / "signatures"
+    wait_for(lambda: len(list(done.glob("part-*.parquet"))) >= partitions, timeout_s)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver's own process group, by its pid
+    driver.wait()
+    assert not (out / "manifest.json").exists()
+    return len(list(done.glob("part-*.parquet")))
+
+
 def task_worker_pids() -> list[int]:
     """Ray workers currently running a partition task (Ray titles them `ray::_run_one`)."""
     pids = []
@@ -100,23 +123,7 @@ def test_killed_worker_loses_and_duplicates_nothing(ray_session, slow_urls, tmp_
 def test_killed_driver_resumes_without_redoing_work(ray_session, slow_urls, tmp_path, caplog):
     clean = run_build(BuildConfig.model_validate(tree(slow_urls, tmp_path / "clean")), False)
     out = tmp_path / "out"
-    config = tmp_path / "build.yaml"
-    config.write_text(yaml.safe_dump(tree(slow_urls, out)))
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    done = out / "_work" / "signatures"
-    wait_for(lambda: len(list(done.glob("part-*.parquet"))) >= 4)
-    os.killpg(driver.pid, signal.SIGKILL)  # the driver's own process group, by its pid
-    driver.wait()
-    assert not (out / "manifest.json").exists()
-    finished = len(list(done.glob("part-*.parquet")))
+    finished = kill_build_after(tree(slow_urls, out), out, partitions=4)
     assert 4 <= finished < 20
 
     with caplog.at_level(logging.INFO, logger="mmcurate.build"):

@@ -144,6 +144,23 @@ def running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def run_python(script: str, spec: dict) -> subprocess.CompletedProcess:
+    """`python -c script SPEC-as-json` with no Ray and torch's default threads, failed past
+    the limit instead of hanging."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", script, json.dumps(spec)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the build did not finish in {LIMIT_S} s (a worker deadlocked)")
+
+
 @pytest.mark.slow
 def test_run_build_from_python_on_the_local_runtime_finishes(tmp_path):
     """`run_build` with `ray.runtime: local` (no CLI prestart): the pool is made before
@@ -162,18 +179,7 @@ def test_run_build_from_python_on_the_local_runtime_finishes(tmp_path):
         "cfg = BuildConfig.model_validate(json.loads(sys.argv[1]))\n"
         "print(run_build(cfg, progress=False)['samples'])\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", script, json.dumps(spec)],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=LIMIT_S,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the build did not finish in {LIMIT_S} s (a worker deadlocked)")
+    done = run_python(script, spec)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "8"
 
@@ -199,18 +205,7 @@ def test_a_build_from_a_process_that_used_torch_and_opencv_threads_finishes(tmp_
         "print(mmcurate.build(json.loads(sys.argv[1]))['samples'])\n"
         "print(cv2.getNumThreads() > 1)\n"  # the caller's own OpenCV setting is kept
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", script, json.dumps(spec)],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=LIMIT_S,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the build did not finish in {LIMIT_S} s (a worker deadlocked)")
+    done = run_python(script, spec)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-2:] == ["8", "True"]
 

@@ -7,15 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import yaml
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
@@ -248,25 +245,10 @@ def recaption_build(photos: Path, blip2: Path, out: Path) -> dict:
 def test_killed_build_resumes_to_the_same_manifest(ray_session, blip2, photos, tmp_path, caplog):
     clean = run_build(BuildConfig.model_validate(recaption_build(photos, blip2, tmp_path / "a")))
     out = tmp_path / "b"
-    config = tmp_path / "build.yaml"
-    config.write_text(yaml.safe_dump(recaption_build(photos, blip2, out)))
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    done = out / "_work" / "signatures"
-    from tests.test_faults import wait_for
+    from tests.test_faults import kill_build_after
 
-    wait_for(lambda: len(list(done.glob("part-*.parquet"))) >= 1)
-    os.killpg(driver.pid, signal.SIGKILL)  # the driver's own process group, by its pid
-    driver.wait()
-    finished = len(list(done.glob("part-*.parquet")))
-    assert not (out / "manifest.json").exists() and 1 <= finished < 5
+    finished = kill_build_after(recaption_build(photos, blip2, out), out, partitions=1)
+    assert 1 <= finished < 5
     with caplog.at_level(logging.INFO, logger="mmcurate.build"):
         resumed = run_build(BuildConfig.model_validate(recaption_build(photos, blip2, out)))
     skipped = [r.args[0] for r in caplog.records if r.msg.startswith("resuming")]

@@ -5,21 +5,15 @@ commits the same manifest as a build that was never interrupted."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
-import yaml
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 from PIL import Image
 
-from tests.test_faults import REPO, wait_for
+from tests.test_faults import kill_build_after
 from tests.test_motion_score import encode, path_frames
 from tests.test_text_area import with_text
 
@@ -87,22 +81,7 @@ def test_killed_driver_reruns_to_the_same_manifest(ray_session, folder, tmp_path
     clean = run_build(BuildConfig.model_validate(spec(folder, tmp_path / "clean")), False)
     assert clean["samples"] >= 2 * len(SHOTS)  # every video was cut into its two shots
     out = tmp_path / "out"
-    config = tmp_path / "build.yaml"
-    config.write_text(yaml.safe_dump(spec(folder, out)))
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "mmcurate", "build", str(config), "--no-progress"],
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    done = out / "_work" / "signatures"
-    wait_for(lambda: len(list(done.glob("part-*.parquet"))) >= 2, timeout_s=300)
-    os.killpg(driver.pid, signal.SIGKILL)  # the driver's own process group, by its pid
-    driver.wait()
-    assert not (out / "manifest.json").exists()
+    kill_build_after(spec(folder, out), out, partitions=2, timeout_s=300)
 
     resumed = run_build(BuildConfig.model_validate(spec(folder, out)), False)
     assert resumed["shards"] == clean["shards"]  # same samples, bytes and digests
