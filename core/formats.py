@@ -71,3 +71,13 @@ def with_fields(text: str | bytes | None, fields: dict[str, Any]) -> str:
     meta = sample_meta(text)
     meta.update(fields)
     return meta_json(meta, sort_keys=True, ensure_ascii=False)
+
+
+def package_version(distribution: str) -> str:
+    """An installed distribution's version, "unknown" where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"

@@ -36,16 +36,21 @@ class Manifest:
 
 
 def manifest_document(
-    entries: list[dict[str, Any]], config: dict[str, Any], build_id: str
+    entries: list[dict[str, Any]],
+    config: dict[str, Any],
+    build_id: str,
+    models: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The manifest a build commits: its shard entries (SHARD_FIELDS each, in name order) and
-    the resolved config (already redacted by the caller)."""
+    """The manifest a build commits: its shard entries (SHARD_FIELDS each, in name order), the
+    resolved config (already redacted by the caller) and the models and detectors its stages
+    ran, with their packages' versions (`Stage.models`)."""
     shards = [{field: entry[field] for field in SHARD_FIELDS} for entry in entries]
     return {
         "format": MANIFEST_FORMAT,
         "samples": sum(shard["samples"] for shard in shards),
         "shards": shards,
         "config": config,
+        "models": list(models or []),
         "build_id": build_id,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

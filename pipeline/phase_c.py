@@ -38,6 +38,7 @@ from mmcurate.pipeline.phase_a import stopped
 from mmcurate.pipeline.report.page import render_report
 from mmcurate.pipeline.runtime.session import run_tasks
 from mmcurate.stages.base import Stage
+from mmcurate.stages.registry import build_stages
 
 log = logging.getLogger("mmcurate.build")
 
@@ -119,7 +120,9 @@ def commit(
     write_buckets_file(cfg, groups.count, runner)  # counted from the signatures just published
     stats["phases"] = dict(phases)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
-    manifest = manifest_document(entries, redact(json.loads(cfg.model_dump_json())), claim.build_id)
+    config = redact(json.loads(cfg.model_dump_json()))
+    models = [model for stage in build_stages(cfg.stages) for model in stage.models()]
+    manifest = manifest_document(entries, config, claim.build_id, models)
     write_bytes_atomic(fs, join(out, "shardindex.json"), json.dumps(wids_index(entries)).encode())
     write_report(cfg, manifest)
     manifest["files"] = final_files(claim, expected)  # TookOver if another run holds it now

@@ -65,6 +65,13 @@ class AestheticScore(KeepsTopFraction, ModelStage):
         )
         self.uses_model_pool = not self.shared
 
+    def models(self) -> list[dict[str, str]]:
+        opts = self.options
+        head = self.model_record("LAION aesthetic head", "mmcurate", os.path.basename(opts.weights))
+        if self.shared:  # the embeddings are an earlier clip_score's, which lists its model
+            return [head]
+        return [self.model_record(opts.model, "open_clip_torch", str(opts.pretrained)), head]
+
     def check(self) -> None:
         where = f"stages.{self.index}"
         try:

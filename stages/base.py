@@ -66,6 +66,20 @@ class Stage:
         """Whether this stage writes `column` for the stages after it."""
         return column in self.produces
 
+    def models(self) -> list[dict[str, str]]:
+        """The models and detectors this stage runs, each `{"stage", "name", "package",
+        "version"}` (and `"weights"` where they are a file or a tag): the manifest's `models`,
+        so a build says which versions made its scores. None here."""
+        return []
+
+    def model_record(self, name: str, package: str, weights: str | None = None) -> dict[str, str]:
+        """One `models()` entry: `package`'s installed version ("unknown" if not installed)."""
+        from mmcurate.core.formats import package_version
+
+        record = {"stage": self.label, "name": name, "package": package}
+        record["version"] = package_version(package)
+        return record | ({"weights": weights} if weights is not None else {})
+
     def setup(self) -> None:
         """Load heavy state (models) once per worker; called lazily before the first batch."""
 

@@ -74,6 +74,10 @@ class ClipScore(KeepsTopFraction, ModelStage):
     is_global = True  # keep_top_fraction decides over the whole dataset
     keeps_blank_captions = False  # a later recaption captions them (set by its bind_clip)
 
+    def models(self) -> list[dict[str, str]]:
+        opts = self.options
+        return [self.model_record(opts.model, "open_clip_torch", str(opts.pretrained))]
+
     def check(self) -> None:
         check_model(self.options.model, self.options.pretrained, f"stages.{self.index}")
 

