@@ -1,4 +1,5 @@
-"""`mmcurate build | train | eval | probe | report | demo` (also `python -m mmcurate ...`)."""
+"""`mmcurate build | train | eval | probe | report | demo | remove | retry | append | sweep`
+(also `python -m mmcurate ...`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ if TYPE_CHECKING:
     from mmcurate.pipeline.config import BuildConfig
 
 TRAINER_COMMANDS = ("train", "eval", "probe")  # parsed by their own modules, not here
+# Commands on a finished build and the sweep: each module's `main(argv) -> int` parses its own
+# arguments, as the trainer's commands do.
+OWN_PARSER_COMMANDS = {
+    "remove": ("mmcurate.pipeline.maintain.remove", "take samples out of a finished build"),
+    "retry": ("mmcurate.pipeline.maintain.retry", "fetch again what failed for transient reasons"),
+    "append": ("mmcurate.pipeline.maintain.append", "add new input to a finished build"),
+    "sweep": ("mmcurate.pipeline.sweep.run", "choose filters and mixtures by proxy training"),
+}
+PASS_THROUGH = (*TRAINER_COMMANDS, *OWN_PARSER_COMMANDS)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,6 +58,8 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--storage-options", default="{}", help="fsspec options as JSON (default: environment)"
     )
+    for name, (_, text) in OWN_PARSER_COMMANDS.items():
+        sub.add_parser(name, help=text).add_argument("args", nargs=argparse.REMAINDER)
     demo = sub.add_parser("demo", help="the embedded end-to-end demo (no network, no GPU)")
     demo.add_argument("--out", default="demo-output", help="folder for everything it makes")
     demo.add_argument("--samples", type=int, default=500)
@@ -71,14 +83,24 @@ def trainer_command(name: str, argv: list[str]) -> int:
     return probe_main(argv)
 
 
+def own_parser_command(name: str, argv: list[str]) -> int:
+    """`mmcurate remove|retry|append|sweep ARGS`: the module's own `main(ARGS)`."""
+    import importlib
+
+    module = importlib.import_module(OWN_PARSER_COMMANDS[name][0])
+    return module.main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = None if words[:1] and words[0] in TRAINER_COMMANDS else parser().parse_args(argv)
+    args = None if words[:1] and words[0] in PASS_THROUGH else parser().parse_args(argv)
     # Our own progress lines at INFO; libraries (open_clip logs to the root logger) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     for name in ("mmcurate", "trainer"):
         logging.getLogger(name).setLevel(logging.INFO)
     try:
+        if args is None and words[0] in OWN_PARSER_COMMANDS:
+            return own_parser_command(words[0], words[1:])
         if args is None:
             return trainer_command(words[0], words[1:])
         if args.command == "build":

@@ -1,0 +1,1 @@
+"""Commands on a finished build: remove, retry, append (docs/maintenance.md)."""

@@ -1,0 +1,1 @@
+"""`mmcurate sweep`: filters, thresholds and source mixtures chosen by proxy training."""
