@@ -131,8 +131,9 @@ def test_siglip_checkpoint_exports_without_its_bias(tmp_path, capsys):
     architecture's plain open_clip model lacks: the export keeps it beside the state dict."""
     from mmcurate.trainer.config import TrainConfig
     from mmcurate.trainer.dist.world import Dist
+    from mmcurate.trainer.loop_state import LoopState
+    from mmcurate.trainer.resume import save_state
     from mmcurate.trainer.step import build_parts
-    from mmcurate.trainer.train_state import LoopState, save_state
 
     cfg = TrainConfig.model_validate(
         {

@@ -179,7 +179,8 @@ SUBPACKAGE_ALLOWED = {
         *("trainer.data", "trainer.dist"),
     },
     "trainer.health": {
-        *("core", "trainer.config", "trainer.step", "trainer.train_state", "trainer.checkpoint"),
+        *("core", "trainer.config", "trainer.step", "trainer.loop_state", "trainer.resume"),
+        "trainer.checkpoint",
         *("trainer.data", "trainer.dist"),
     },
 }

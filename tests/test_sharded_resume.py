@@ -39,8 +39,8 @@ def test_a_checkpoint_saved_on_4_ranks_resumes_on_2_then_on_1(tmp_path):
     rank; a folder without DCP's `.metadata` (a save cut short) makes its step passed over."""
     import open_clip
     from mmcurate.trainer.config import TrainConfig
+    from mmcurate.trainer.resume import newest_intact
     from mmcurate.trainer.train import train
-    from mmcurate.trainer.train_state import newest_intact
 
     (tmp_path / "shards").mkdir()
     manifest = write_uneven_shards(tmp_path / "shards", sizes=(30, 41, 25))

@@ -19,8 +19,8 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.trainer.checkpoint import load_checkpoint, save_checkpoint
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.dist.world import Dist
+from mmcurate.trainer.resume import previous_checkpoint
 from mmcurate.trainer.train import train
-from mmcurate.trainer.train_state import previous_checkpoint
 
 from tests.test_loader import REPO, write_uneven_shards
 

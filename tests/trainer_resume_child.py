@@ -24,14 +24,14 @@ from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.data.batch import Batch
 from mmcurate.trainer.dist.fsdp import is_zero, weights_and_optimizer
 from mmcurate.trainer.dist.world import Dist, barrier, leave, setup_distributed
-from mmcurate.trainer.step import Parts, build_parts, guarded_step
-from mmcurate.trainer.train_state import (
-    LoopState,
+from mmcurate.trainer.loop_state import LoopState
+from mmcurate.trainer.resume import (
     previous_checkpoint,
     restore_state,
     save_shards,
     save_state,
 )
+from mmcurate.trainer.step import Parts, build_parts, guarded_step
 from torch.distributed.tensor import DTensor
 
 STRATEGIES = {"ddp": ("ddp", False), "zero": ("ddp", True), "fsdp": ("fsdp", False)}

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from mmcurate.core.config_io import ConfigError
 from mmcurate.trainer.config import TrainConfig
-from mmcurate.trainer.train_state import LoopState
+from mmcurate.trainer.loop_state import LoopState
 
 # metrics.jsonl fields also written as TensorBoard scalars `train/<name>` (eval/* go as named)
 BOARD_FIELDS = ("loss", "samples_per_s", "data_wait_frac", "lr", "epoch", "grad_norm")

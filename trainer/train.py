@@ -16,10 +16,10 @@ Distributed: under torchrun (or Ray Train, trainer/launch.py) every rank runs `t
 process group comes from the environment (trainer/dist/world.py).
 
 The parts: dist/world.py (the `Dist` value), step.py (loss, accumulation, optimizer),
-data/prefetch.py (batches onto the device), train_state.py (loop state, checkpoint and
-resume), run_log.py (metrics, TensorBoard, sample logs), eval/in_training.py (evaluation),
-health/ (non-finite and loss-spike guards, restores, the webhook alerts, GPU telemetry); this
-module builds them and runs the loop.
+data/prefetch.py (batches onto the device), loop_state.py (where training stands), resume.py
+(checkpoints and resume), run_log.py (metrics, TensorBoard, sample logs), eval/in_training.py
+(evaluation), health/ (non-finite and loss-spike guards, restores, the webhook alerts, GPU
+telemetry); this module builds them and runs the loop.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -45,8 +45,24 @@ from mmcurate.trainer.dist.world import Dist, barrier, leave, setup_distributed
 from mmcurate.trainer.eval.in_training import Evaluator, open_evaluator
 from mmcurate.trainer.health.guard import Alerts, Guard, open_alerts
 from mmcurate.trainer.health.telemetry import Telemetry, open_telemetry
+from mmcurate.trainer.loop_state import (
+    LoopState,
+    carry_epoch,
+    data_totals,
+    finished,
+    minutes_due,
+)
 from mmcurate.trainer.models import resolve_weights
 from mmcurate.trainer.outputs import RunLogs, check_output
+from mmcurate.trainer.resume import (
+    announce_restart,
+    clear_previous_run,
+    previous_checkpoint,
+    restarted_config,
+    save_shards,
+    save_state,
+    start_state,
+)
 from mmcurate.trainer.run_log import (
     LogFiles,
     Meter,
@@ -63,24 +79,29 @@ from mmcurate.trainer.train_data import (
     make_training_loader,
     read_sources,
 )
-from mmcurate.trainer.train_state import (
-    LoopState,
-    announce_restart,
-    carry_epoch,
-    clear_previous_run,
-    data_totals,
-    finished,
-    minutes_due,
-    previous_checkpoint,
-    restarted_config,
-    save_shards,
-    save_state,
-    start_state,
-)
 from tqdm import tqdm
 
-# Names other modules, tests and benches import from here (they moved in the split).
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What the loop reads: the planned dataset and the loader over it."""
+
+    dataset: ShardDataset
+    loader: Any
+
+
+@dataclass(frozen=True)
+class Reports:
+    """Where the loop reports: the run's log folder and files, the evaluator, the alert
+    sender and the GPU telemetry (each optional but the logs)."""
+
+    logs: RunLogs
+    files: LogFiles
+    evaluator: Evaluator | None = None
+    alerts: Alerts | None = None
+    telemetry: Telemetry | None = None  # GPU readings for the log rows (rank 0)
 
 
 class Trainer:
@@ -92,31 +113,26 @@ class Trainer:
         self,
         cfg: TrainConfig,
         parts: Parts,
-        dataset: ShardDataset,
-        loader: Any,
+        data: RunData,
         place: Dist,
-        logs: RunLogs,
-        files: LogFiles,
+        reports: Reports,
         state: LoopState,
         checkpoint: str | None = None,  # the checkpoint `state` was restored from
-        evaluator: Evaluator | None = None,
-        alerts: Alerts | None = None,
     ) -> None:
-        self.cfg, self.parts, self.dataset, self.loader = cfg, parts, dataset, loader
-        self.place, self.logs, self.files = place, logs, files
+        self.cfg, self.parts, self.dataset, self.loader = cfg, parts, data.dataset, data.loader
+        self.place, self.logs, self.files = place, reports.logs, reports.files
         self.state, self.checkpoint = state, checkpoint  # checkpoint: the newest written
-        self.evaluator = evaluator
-        self.guard = Guard(cfg, parts, place, state, alerts or Alerts(None, ""))
+        self.evaluator, self.telemetry = reports.evaluator, reports.telemetry
+        self.guard = Guard(cfg, parts, place, state, reports.alerts or Alerts(None, ""))
         if checkpoint:
             self.guard.saved(checkpoint)
         self.meter = Meter()
         self.saved_at = time.monotonic()  # run.checkpoint_minutes counts from here
-        self.epoch_batches = dataset.batches_per_epoch(state.epoch)  # a re-split one: fewer
+        self.epoch_batches = data.dataset.batches_per_epoch(state.epoch)  # a re-split one: fewer
         self.first_loss: float | None = None
         self.last_loss: torch.Tensor | None = None
         self.last_lr = 0.0
         self.last_eval: dict[str, Any] | None = None  # the newest evaluation (summary.json)
-        self.telemetry: Telemetry | None = None  # GPU readings for the log rows (rank 0)
         # A progress bar on rank 0's terminal only (tqdm turns itself off off a TTY).
         off = None if place.rank == 0 else True
         self.bar = tqdm(total=cfg.run.max_steps, unit="step", desc="train", disable=off)
@@ -133,7 +149,7 @@ class Trainer:
         left = None if run.max_steps is not None else run.epochs - self.state.epoch
         self.dataset.set_epoch(self.state.epoch, left)
         self.dataset.resume_at(self.state.epoch, self.state.batches_in_epoch)
-        if not finished(self.cfg, self.state):
+        if not finished(self.cfg.run, self.state):
             batches = iter(self.loader)  # one set of workers for the whole run
             try:
                 self.run(DevicePrefetcher(batches, self.place.device, self.dataset.transform))
@@ -160,7 +176,7 @@ class Trainer:
             action = self.guard.after(self.state)  # health: None, "restored" or "stop"
             if action == "restored":  # the step's checkpoint (if any) is not the final one
                 self.checkpoint = self.guard.good
-            if action == "stop" or finished(self.cfg, self.state):
+            if action == "stop" or finished(self.cfg.run, self.state):
                 return
 
     def after_step(self, loss: torch.Tensor, group: list[Batch], lr: float) -> float:
@@ -191,7 +207,7 @@ class Trainer:
         if metrics or state.step == 1 or state.step % run.log_every == 0:
             self.log(lr, metrics)
         due = run.checkpoint_every and state.step % run.checkpoint_every == 0
-        due = due or minutes_due(self.cfg, self.place, self.saved_at)
+        due = due or minutes_due(self.cfg.run, self.place, self.saved_at)
         # Not during a skip or spike streak: the newest checkpoint must stay a good one (the
         # one a restore reloads and, after health's stop, the one a resume starts from).
         if due and self.guard.health.healthy:
@@ -202,7 +218,7 @@ class Trainer:
         """(seconds spent, `eval/<name>` metrics) of this step's evaluation: every
         `eval.every` steps and at the last step; (0, {}) when none is due."""
         section, step = self.cfg.eval, self.state.step
-        every = (section.every and step % section.every == 0) or finished(self.cfg, self.state)
+        every = (section.every and step % section.every == 0) or finished(self.cfg.run, self.state)
         if self.evaluator is None or not every:
             return 0.0, {}
         start = time.perf_counter()
@@ -329,10 +345,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         evaluator = eval_sets.evaluator(parts.core, tokenizer) if eval_sets else None
         alerts = open_alerts(cfg, place)
         announce_restart(alerts, place, state, previous)
-        trainer = Trainer(
-            cfg, parts, dataset, loader, place, logs, files, state, previous, evaluator, alerts
-        )
-        trainer.telemetry = open_telemetry(cfg, place.local_rank, place.rank, alerts)
+        telemetry = open_telemetry(cfg, place.local_rank, place.rank, alerts)
+        reports = Reports(logs, files, evaluator, alerts, telemetry)
+        trainer = Trainer(cfg, parts, RunData(dataset, loader), place, reports, state, previous)
         try:
             trainer.fit()
         except Exception as err:

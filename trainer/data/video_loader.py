@@ -23,7 +23,10 @@ continues exactly; shards come through the node's shard cache or streamed and ve
   `shuffle_buffer_bytes` is decoded by PyAV instead (decode_window_bounded: decord reads
   packets ahead, which for such a clip is much memory; docs/scale.md gives the bound). A
   clip that cannot be decoded (or is not its bucket's size) is replaced by another clip of its
-  batch (counted in the worker's log: `decode_failed`, `off_bucket`), so batches stay full.
+  batch (counted in the worker's log: `decode_failed`, `off_bucket`), so batches stay full;
+  a batch none of whose clips decode is skipped, counted (`VideoLoader.skipped`), never
+  replaced by another batch. Windows are decoded straight into the batch's tensor, which a
+  loader worker makes in shared memory: it reaches the training process with no copy.
 - Progressive resolution (`schedule`): phases from a global step (batches handed out since
   training began, kept in the state), each with its window length and frame size
   (video_windows.py). The rank's batch i of an epoch begun at step S is step S + i (as the
@@ -43,7 +46,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 from mmcurate.core.manifest import Manifest
 from mmcurate.core.spill import Spilled
 from mmcurate.trainer.data.bucket_plan import (
@@ -61,14 +63,16 @@ from mmcurate.trainer.data.buckets import (
 )
 from mmcurate.trainer.data.dataset import make_loader
 from mmcurate.trainer.data.hold import DEFAULT_LIMIT
-from mmcurate.trainer.data.manifest import NoUsableData, read_manifest
+from mmcurate.trainer.data.manifest import read_manifest
 from mmcurate.trainer.data.plan import Layout, epoch_pieces, mixed
 from mmcurate.trainer.data.video_clips import (
     ClipReader,
     ClipStore,
+    batch_tensor,
     read_index,
     release_sample,
     video_member,
+    warm_imports,
 )
 from mmcurate.trainer.data.video_windows import (
     ClipIndex,
@@ -86,10 +90,18 @@ log = logging.getLogger(__name__)
 
 
 class Clip(NamedTuple):
-    video: np.ndarray  # uint8 [T, H, W, 3]
     key: str
     text: str
     start: int
+
+
+class Skipped(NamedTuple):
+    """In place of a batch none of whose clips could be decoded: the loader counts it
+    (`VideoLoader.skipped`) and hands out nothing for it; it still counts as a planned batch
+    (resume and schedule arithmetic)."""
+
+    bucket: str
+    clips: int
 
 
 class VideoDataset(BucketDataset):
@@ -174,12 +186,10 @@ class VideoDataset(BucketDataset):
     def batches(self, plan: BucketWorkerPlan, epoch: int) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         epoch_plan = self.epoch_plan(epoch)
         frames = epoch_labels(self._epoch[1], self.index.frames)  # each position's clip frames
-        previous = None
         for k, raws in zip(plan.batches, self.clip_samples(plan), strict=True):
             bucket = self.labels.names[int(epoch_plan.bucket[k])]
             phase = phase_at(self.phases, self.first_step + self.turn(k, len(epoch_plan)))
-            previous = self.clip_batch(raws, frames, (bucket, phase), epoch, previous)
-            yield previous
+            yield self.clip_batch(raws, frames, (bucket, phase), epoch)
         if self.failed:
             log.warning("epoch %d: clips replaced by others of their batch: %s", epoch, self.failed)
 
@@ -206,35 +216,48 @@ class VideoDataset(BucketDataset):
             pending.close()
 
     def clip_batch(
-        self, raws: list, frames: np.ndarray, where: tuple[str, Phase], epoch: int, previous: Any
-    ) -> dict[str, Any]:
-        """One batch: every clip's window decoded; a failed one replaced by another clip of
-        the batch; a batch with none is the previous batch again."""
+        self, raws: list, frames: np.ndarray, where: tuple[str, Phase], epoch: int
+    ) -> dict[str, Any] | Skipped:
+        """One batch: every clip's window decoded straight into the batch's tensor (shared
+        memory in a loader worker: handed over without a copy); a failed one replaced by
+        another clip of the batch; a batch with none is skipped (Skipped, counted)."""
         bucket, phase = where
-        clips = [self.clip(raw, int(frames[p]), where, epoch) for p, raw in raws]
-        good = [clip for clip in clips if clip is not None]
+        width, height = scaled_size(*parse_bucket(bucket), phase.area)
+        video = batch_tensor((len(raws), phase.frames, height, width, 3))
+        slots = video.numpy()
+        clips = [
+            self.clip(raw, int(frames[p]), where, epoch, slots[i])
+            for i, (p, raw) in enumerate(raws)
+        ]
+        good = [i for i, clip in enumerate(clips) if clip is not None]
         if not good:
-            if previous is None:
-                raise NoUsableData(f"no clip of a batch of bucket {bucket} could be decoded")
-            return previous
-        filled = [c if c is not None else good[i % len(good)] for i, c in enumerate(clips)]
-        video = torch.from_numpy(np.stack([clip.video for clip in filled]))
+            self.fail("batch_skipped")
+            return Skipped(bucket, len(raws))
+        for i, clip in enumerate(clips):
+            if clip is None:  # another clip of the batch in its place
+                clips[i] = clips[good[i % len(good)]]
+                slots[i] = slots[good[i % len(good)]]
         return {
             # [B, T, C, H, W] as a view of the decoded channels-last frames: a transposing
             # copy here cost more than decoding (0.34 s per 44 MB batch, measured); the
             # training step's own copy (to the GPU, to float) does it for free
             "video": video.permute(0, 1, 4, 2, 3),
-            "txt": [clip.text for clip in filled],
-            "__key__": [clip.key for clip in filled],
+            "txt": [clip.text for clip in clips],
+            "__key__": [clip.key for clip in clips],
             "bucket": bucket,
-            "frame_start": [clip.start for clip in filled],
+            "frame_start": [clip.start for clip in clips],
         }
 
     def clip(
-        self, raw: dict[str, Any] | None, frames: int, where: tuple[str, Phase], epoch: int
+        self,
+        raw: dict[str, Any] | None,
+        frames: int,
+        where: tuple[str, Phase],
+        epoch: int,
+        slot: np.ndarray,
     ) -> Clip | None:
-        """The sample's window at its phase's length and size; None (counted) when it cannot
-        be decoded."""
+        """The sample's window at its phase's length and size, written into `slot` ([T, H,
+        W, 3]); None (counted) when it cannot be decoded or is not its bucket's size."""
         if raw is None:
             return self.fail("unreadable")
         bucket, phase = where
@@ -244,19 +267,20 @@ class VideoDataset(BucketDataset):
                 return self.fail("no_video")
             start, count = clip_window(self.seed, epoch, raw["__key__"], frames, phase.frames)
             own = parse_bucket(bucket)
-            width, height = scaled_size(*own, phase.area)
-            scale = None if (width, height) == own else (width, height)
+            scale = None if slot.shape[2:0:-1] == own else slot.shape[2:0:-1]
+            out = slot[:count]
             if isinstance(value, Spilled) and value.size > self.hold_limit():
                 video = decode_window_bounded(value.path, start, count, scale)
-            elif isinstance(value, Spilled):
-                video = decode_window(value.path, start, count, scale)
-            else:  # waited in memory: decoded from its bytes
-                video = decode_window(io.BytesIO(value), start, count, scale)
-            if video.shape[1:3] != (height, width):
+            else:  # waited in memory (decoded from its bytes) or in a file
+                source = value.path if isinstance(value, Spilled) else io.BytesIO(value)
+                video = decode_window(source, start, count, scale, out)
+            if video.shape != out.shape:
                 return self.fail("off_bucket")
+            if video is not out:
+                out[...] = video
             if count < phase.frames:  # a one-frame clip (an image): its frame, T times
-                video = np.repeat(video, phase.frames, axis=0)
-            return Clip(video, raw["__key__"], caption(raw), start)
+                slot[count:] = out[0]
+            return Clip(raw["__key__"], caption(raw), start)
         except Exception:  # noqa: BLE001 - decord raises its own errors for every bad file
             return self.fail("decode_failed")
         finally:
@@ -278,6 +302,7 @@ class VideoLoader:
         self.loader = make_loader(dataset, workers)
         self.epoch, self.consumed = 0, 0  # batches of `epoch` this loader has handed out
         self.step = 0
+        self.skipped = 0  # planned batches none of whose clips decoded (not handed out)
 
     @property
     def buckets(self) -> tuple[str, ...]:
@@ -331,6 +356,9 @@ class VideoLoader:
         for batch in self.loader:
             self.consumed += 1
             self.step += 1
+            if isinstance(batch, Skipped):  # no clip of it decoded: counted, not repeated
+                self.skipped += 1
+                continue
             yield batch
 
 
@@ -361,6 +389,7 @@ def video_loader(
     if isinstance(manifest, str):
         manifest = read_manifest(manifest, storage_options)
     phases = parse_schedule(schedule, frames)
+    warm_imports()
     shards, _ = mixed(manifest)
     index = read_index(shards, storage_options, cache, verify)
     dataset = VideoDataset(

@@ -26,6 +26,7 @@ their frame is repeated T times (`clip_window`).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import random
 from collections.abc import Sequence
@@ -206,26 +207,48 @@ def probe_clip(path: str) -> tuple[str, int]:
 
 
 def decode_window(
-    path: Any, start: int, window: int, size: tuple[int, int] | None = None
+    path: Any,
+    start: int,
+    window: int,
+    size: tuple[int, int] | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Frames [start, start + window) of the clip at `path` (or a file object): uint8
     [T, H, W, 3], from the keyframe at or before `start` onwards; with `size` (width,
     height), scaled by the decoder as it goes. One `get_batch` call (measured 2x faster than
-    a seek and T `next` calls); the frame-by-frame path where get_batch fails (`rgb`)."""
+    a seek and T `next` calls); the frame-by-frame path where get_batch fails (`rgb`).
+    `out` (C-contiguous uint8 [T, H, W, 3]): written there and returned; frames of another
+    shape are returned as they are (the caller compares)."""
     reader = open_clip(path, size)
     if start < 0 or start + window > len(reader):
         raise ValueError(f"window {start}+{window} outside the clip's {len(reader)} frames")
     try:
-        frames = reader.get_batch(list(range(start, start + window))).asnumpy()
-        if frames.ndim == 4 and frames.shape[0] == window and frames.shape[3] == 3:
-            return frames
+        frames = reader.get_batch(list(range(start, start + window)))
+        if len(frames.shape) == 4 and frames.shape[0] == window and frames.shape[3] == 3:
+            return copy_frames(frames, out)
     except Exception:  # noqa: BLE001 - decord's own error type for padded rows
         pass
     if hasattr(path, "seek"):
         path.seek(0)
     reader = open_clip(path, size)  # a fresh reader: the failed call may have moved this one
     reader.seek_accurate(start)
-    return np.stack([rgb(reader.next()) for _ in range(window)])
+    stacked = np.stack([rgb(reader.next()) for _ in range(window)])
+    if out is not None and out.shape == stacked.shape:
+        out[...] = stacked
+        return out
+    return stacked
+
+
+def copy_frames(frames: Any, out: np.ndarray | None) -> np.ndarray:
+    """decord's frames as numpy: into `out` when it has their shape (one copy, straight
+    into the batch's shared memory: asnumpy and a stack would be two more), else a new array."""
+    if out is None or tuple(frames.shape) != out.shape or not out.flags.c_contiguous:
+        return frames.asnumpy()
+    from decord._ffi.base import _LIB, check_call
+
+    pointer = out.ctypes.data_as(ctypes.c_void_p)
+    check_call(_LIB.DECORDArrayCopyToBytes(frames.handle, pointer, ctypes.c_size_t(out.nbytes)))
+    return out
 
 
 def decode_window_bounded(

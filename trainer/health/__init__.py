@@ -3,6 +3,6 @@
 stop), `alerts` (webhook events) and `telemetry` (GPU temperature, power, ECC errors and
 throttling through nvidia-ml-py, sampled off the training thread).
 
-May import: core, trainer.config, trainer.step, trainer.train_state, trainer.checkpoint,
-trainer.data (the batch type), trainer.dist.
+May import: core, trainer.config, trainer.step, trainer.loop_state, trainer.resume,
+trainer.checkpoint, trainer.data (the batch type), trainer.dist.
 """

@@ -7,7 +7,7 @@ Each POST's body: `{"run", "step", "event", "message", "metrics", "time"}`; `eve
 reloaded), `data_stall` (a log window's data_wait_frac above alerts.stall_frac), `run_end`
 (the run finished, stopped or failed; `metrics` holds its summary when it did not fail),
 `gpu_temperature`, `gpu_ecc`, `gpu_throttle` (trainer/health/telemetry.py's rules), `restart`
-(torchrun or Ray Train restarted the ranks after a lost one: trainer/train_state.py).
+(torchrun or Ray Train restarted the ranks after a lost one: trainer/resume.py).
 Failed attempts (any error: no answer, an HTTP error, an answer that is not HTTP) are retried
 `retries` times with backoff (0.5 s, doubling); then the event is dropped with a warning that
 names the error's type only (the URL, whose path is a credential, is never logged).

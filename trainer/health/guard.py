@@ -16,8 +16,9 @@ from mmcurate.trainer.data.batch import Batch
 from mmcurate.trainer.dist.world import Dist
 from mmcurate.trainer.health.alerts import Alerts
 from mmcurate.trainer.health.checks import Health, Verdict
+from mmcurate.trainer.loop_state import LoopState
+from mmcurate.trainer.resume import reload_weights
 from mmcurate.trainer.step import Parts, StepResult
-from mmcurate.trainer.train_state import LoopState, reload_weights
 
 log = logging.getLogger(__name__)
 
