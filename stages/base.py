@@ -121,11 +121,9 @@ class Stage:
         return batch
 
 
-class ModelOptions(StageOptions):
+class PoolOptions(StageOptions):
     """Options of a stage whose model may run in an actor pool (pipeline/runtime/actors.py)."""
 
-    model: str = "ViT-B-32"
-    pretrained: str | None = "laion2b_s34b_b79k"
     num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
     concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -133,6 +131,13 @@ class ModelOptions(StageOptions):
     resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
         default_factory=dict, description="custom Ray resources per actor, e.g. {scoring: 1}"
     )
+
+
+class ModelOptions(PoolOptions):
+    """A pool stage whose model is an open_clip model and its pretrained weights."""
+
+    model: str = "ViT-B-32"
+    pretrained: str | None = "laion2b_s34b_b79k"
 
 
 class ModelStage(Stage):

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
-from mmcurate.core.config_io import ConfigError, checked_resources
+from mmcurate.core.config_io import ConfigError
 from mmcurate.core.formats import FRAME_COLUMN, meta_json, sample_meta, with_fields
-from mmcurate.stages.base import Columns, ModelStage, StageOptions, media_column, register
+from mmcurate.stages.base import Columns, ModelStage, PoolOptions, media_column, register
 from mmcurate.stages.lib.captioner import (
     Generation,
     RecaptionModel,
@@ -48,14 +48,14 @@ from mmcurate.stages.lib.captioner import (
     prepare_pixels,
 )
 from mmcurate.stages.lib.captioner_check import check_captioner
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 CHOICES = ("best_score", "fill", "mix", "synthetic", "original")
 FILLS_BLANKS = ("best_score", "fill")  # modes that caption a sample that came without one
 GENERATION_ERRORS = (RuntimeError, ValueError)  # a batch the model could not caption
 
 
-class RecaptionOptions(StageOptions):
+class RecaptionOptions(PoolOptions):
     model: str = Field(description="a local Hugging Face folder (BLIP-2 or image-to-text)")
     choose: Literal["best_score", "fill", "mix", "synthetic", "original"] = "best_score"
     mix: float = Field(0.8, gt=0, le=1, description="choose: mix: the synthetic share")
@@ -70,13 +70,6 @@ class RecaptionOptions(StageOptions):
     seed: int = 0
     min_words: int = Field(0, ge=0)
     batch_size: int = Field(16, ge=1)
-    num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
-    concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
-        default_factory=dict, description="custom Ray resources per actor"
-    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RecaptionOptions:
