@@ -172,7 +172,7 @@ def units_of(cfg: EvalConfig, url: str, manifest_only: bool = False) -> tuple[li
 
 def evaluate(cfg: EvalConfig, progress: bool = True) -> dict[str, Any]:
     """Check every input (fails fast, before a model loads), then run the tasks."""
-    from mmcurate.trainer.eval.tasks import run_retrieval, run_zeroshot
+    from mmcurate.trainer.eval.tasks import ModelUnderTest, run_tasks
     from mmcurate.trainer.models import load_eval_model
 
     started = time.monotonic()
@@ -180,11 +180,7 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict[str, Any]:
     model, preprocess, tokenizer, info = load_eval_model(
         cfg.model.name, inputs.weights, inputs.device, cfg.storage_options
     )
-    tasks = {}
-    if inputs.retrieval:
-        tasks["retrieval"] = run_retrieval(cfg, inputs, model, preprocess, tokenizer, progress)
-    if inputs.zeroshot:
-        tasks["zeroshot"] = run_zeroshot(cfg, inputs, model, preprocess, tokenizer, progress)
+    tasks = run_tasks(cfg, inputs, ModelUnderTest(model, preprocess, tokenizer), progress)
     return {
         "format": FORMAT,
         "model": {

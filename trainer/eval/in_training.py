@@ -130,10 +130,10 @@ class Evaluator:
     def run(self, model: torch.nn.Module, step: int) -> dict[str, Any]:
         """Rank 0: every task on `model` in eval mode (its train mode comes back after)."""
         # Imported here: eval_tasks imports trainer.train, which imports this module.
-        from mmcurate.trainer.eval.tasks import run_retrieval, run_zeroshot
+        from mmcurate.trainer.eval.tasks import ModelUnderTest, run_tasks
 
         cfg, inputs = self.sets.cfg, self.sets.inputs
-        args = (cfg, inputs, model, self.preprocess, self.tokenizer, False)
+        net = ModelUnderTest(model, self.preprocess, self.tokenizer)
         was_training = model.training
         cuda = [inputs.device] if inputs.device.type == "cuda" else []
         # Why fork_rng: the eval loaders draw seeds from torch's generator; training must go
@@ -141,11 +141,7 @@ class Evaluator:
         with torch.random.fork_rng(devices=cuda):
             model.eval()
             try:
-                tasks = {}
-                if inputs.retrieval:
-                    tasks["retrieval"] = run_retrieval(*args)
-                if inputs.zeroshot:
-                    tasks["zeroshot"] = run_zeroshot(*args)
+                tasks = run_tasks(cfg, inputs, net, progress=False)
             finally:
                 model.train(was_training)
         return {

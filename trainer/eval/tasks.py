@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -93,16 +94,33 @@ def fields_of(cfg: EvalConfig, task: str) -> Fields:
     return Fields(image_id="", label=cfg.zeroshot.label_field)
 
 
+@dataclass(frozen=True)
+class ModelUnderTest:
+    """The model under evaluation with its image transform and tokenizer."""
+
+    model: torch.nn.Module
+    preprocess: Callable
+    tokenizer: Callable
+
+
+def run_tasks(
+    cfg: EvalConfig, inputs: Inputs, net: ModelUnderTest, progress: bool
+) -> dict[str, Any]:
+    """Each task the inputs name (retrieval, zero-shot) on `net`, by task name."""
+    tasks = {}
+    if inputs.retrieval:
+        tasks["retrieval"] = run_retrieval(cfg, inputs, net, progress)
+    if inputs.zeroshot:
+        tasks["zeroshot"] = run_zeroshot(cfg, inputs, net, progress)
+    return tasks
+
+
 def run_retrieval(
-    cfg: EvalConfig,
-    inputs: Inputs,
-    model: torch.nn.Module,
-    preprocess: Callable,
-    tokenizer: Callable,
-    progress: bool,
+    cfg: EvalConfig, inputs: Inputs, net: ModelUnderTest, progress: bool
 ) -> dict[str, Any]:
     """Text-to-image and image-to-text ranks over the manifest's images and captions."""
-    encoder = Encoder(model, inputs.device, cfg.run.precision)
+    encoder = Encoder(net.model, inputs.device, cfg.run.precision)
+    preprocess, tokenizer = net.preprocess, net.tokenizer
     records, features = read_set(cfg, inputs.retrieval, preprocess, "retrieval", encoder, progress)
     carriers, texts, text_image = pair_up(records)
     images = [features[position] for position in carriers]
@@ -125,15 +143,11 @@ def run_retrieval(
 
 
 def run_zeroshot(
-    cfg: EvalConfig,
-    inputs: Inputs,
-    model: torch.nn.Module,
-    preprocess: Callable,
-    tokenizer: Callable,
-    progress: bool,
+    cfg: EvalConfig, inputs: Inputs, net: ModelUnderTest, progress: bool
 ) -> dict[str, Any]:
     """Each image against one text embedding per class (its prompts' mean)."""
-    encoder = Encoder(model, inputs.device, cfg.run.precision)
+    encoder = Encoder(net.model, inputs.device, cfg.run.precision)
+    preprocess, tokenizer = net.preprocess, net.tokenizer
     classes = ClassNames.parse(cfg.zeroshot.classnames)
     records, features = read_set(cfg, inputs.zeroshot, preprocess, "zeroshot", encoder, progress)
     rows, labels = [], []
