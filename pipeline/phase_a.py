@@ -133,7 +133,11 @@ def write_partition(
     reading = Reading(cfg.ray.batch_size, src.chunk_bytes, src.spill_bytes, spill)
     inputs: deque[list[Spilled]] = deque()  # each chunk's Spilled values as it was read
     sizes: deque[int] = deque()  # each chunk's samples as read, reported once it is written
-    read = map(partial(sized, sizes=sizes), read_chunks(part, cfg.storage_options, reading))
+    read = read_chunks(part, cfg.storage_options, reading)
+    if part.get("only_keys") is not None:  # `mmcurate retry`: just these samples of it
+        chosen = map(partial(selected, keys=frozenset(part["only_keys"])), read)
+        read = (chunk for chunk in chosen if chunk.get("__key__"))
+    read = map(partial(sized, sizes=sizes), read)
     chunks = map(partial(noted, inputs=inputs), read)
     folder = join(claim.work_url, CANDIDATES)
     url = join(folder, candidate_name(part["part"]))
@@ -154,6 +158,18 @@ def write_partition(
     if media is not None:
         media.register()  # pending until the driver has this task's result
     return len(rows)
+
+
+def selected(chunk: dict, keys: frozenset[str]) -> dict:
+    """The chunk's rows whose key is one of `keys` (columns are lists, one value per row)."""
+    rows = chunk.get("__key__") or []
+    at = [i for i, key in enumerate(rows) if key in keys]
+    return {
+        name: [values[i] for i in at]
+        if isinstance(values, list) and len(values) == len(rows)
+        else values
+        for name, values in chunk.items()
+    }
 
 
 def sized(chunk: dict, sizes: deque[int]) -> dict:
