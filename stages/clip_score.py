@@ -12,14 +12,19 @@ reach it survive, by score, ties broken by key.
 prompt sets (watermark, nsfw, text, or your own): each adds `concept_<name>` (0-1, also in
 `<key>.json`), and `max`/`min` drop as `concept_<name>`. Prompts are encoded once per task;
 no image goes through the model twice.
+
+`mask_text: true` (T-MARS) scores each picture with the text boxes a `text_area` stage wrote
+into the json masked (`mask_fill`: the picture's mean colour, or a blur), so a caption that only
+matches text rendered in the picture no longer scores high.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 import numpy as np
-from mmcurate.core.formats import with_fields
+from mmcurate.core.formats import sample_meta, with_fields
 from mmcurate.stages.base import (
     Columns,
     ModelOptions,
@@ -29,6 +34,7 @@ from mmcurate.stages.base import (
 from mmcurate.stages.lib.clip_model import ClipModel, cached_model, check_model
 from mmcurate.stages.lib.picture_batches import (
     Encoder,
+    mask_boxes,
     mean_per_sample,
     picture_batches,
     picture_bytes,
@@ -45,6 +51,8 @@ class ClipScoreOptions(ModelOptions):
     max_score: float | None = None
     keep_top_fraction: float | None = Field(None, gt=0, le=1, description="DataComp: 0.3")
     batch_size: int = Field(64, ge=1)
+    mask_text: bool = Field(False, description="T-MARS: score with text_area's boxes masked")
+    mask_fill: Literal["mean", "blur"] = Field("mean", description="how mask_text masks")
     concepts: dict[str, ConceptOptions] = Field(
         default_factory=dict, description="zero-shot scores: {name: {prompts, against, max, min}}"
     )
@@ -104,6 +112,8 @@ class ClipScore(KeepsTopFraction, ModelStage):
             pictures = picture_bytes(batch, i)
             if isinstance(pictures, str):
                 reasons[i] = pictures  # no_image, too_big
+            elif self.options.mask_text:
+                self.mask(batch, i, pictures, media, reasons)
             else:
                 media[i] = pictures
         encoder = self.encoder or self.local_model()
@@ -118,6 +128,27 @@ class ClipScore(KeepsTopFraction, ModelStage):
             batch["clip_score"][i] = batch["text_embedding"][i] = None
             batch["json"][i] = with_fields(batch["json"][i], {"clip_score": None})
         return batch, reasons
+
+    def mask(
+        self,
+        batch: Columns,
+        i: int,
+        pictures: list[bytes],
+        media: dict[int, list[bytes]],
+        reasons: list[str | None],
+    ) -> None:
+        """Row i's pictures with its text boxes (text_area's `text_boxes` in the json; a video's
+        are its frame with most text, applied to every frame) masked; drops as `no_text_boxes`
+        when text_area gave none, `decode_error` when a picture does not decode."""
+        boxes = sample_meta((batch.get("json") or [None] * len(batch["__key__"]))[i])
+        boxes = boxes.get("text_boxes")
+        if not isinstance(boxes, list):
+            reasons[i] = "no_text_boxes"
+            return
+        try:
+            media[i] = [mask_boxes(p, boxes, self.options.mask_fill) for p in pictures]
+        except (OSError, ValueError, TypeError, IndexError):  # PIL's errors for bad pictures
+            reasons[i] = "decode_error"
 
     def score_concepts(
         self, batch: Columns, rows: list[int], encoder: Encoder, reasons: list[str | None]

@@ -79,3 +79,36 @@ def mean_per_sample(embeddings: np.ndarray, counts: list[int]) -> np.ndarray:
     spans = zip(bounds[:-1], bounds[1:], strict=True)
     means = np.stack([embeddings[a:b].mean(axis=0) for a, b in spans])
     return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+
+
+def box_pixels(box: list[float], width: int, height: int) -> tuple[int, int, int, int]:
+    """A normalised [x0, y0, x1, y1] box (text_area's `text_boxes`) as pixel bounds that
+    cover it (outward rounding, clipped to the picture)."""
+    x0, y0 = max(0, int(np.floor(box[0] * width))), max(0, int(np.floor(box[1] * height)))
+    x1, y1 = min(width, int(np.ceil(box[2] * width))), min(height, int(np.ceil(box[3] * height)))
+    return x0, y0, x1, y1
+
+
+def mask_boxes(data: bytes, boxes: list[list[float]], fill: str) -> bytes:
+    """The picture with each box filled with the picture's mean colour (`mean`) or blurred
+    (`blur`), as lossless PNG (T-MARS: CLIP then cannot read text rendered in the picture);
+    the bytes unchanged when there is no box."""
+    import io
+
+    from PIL import Image, ImageFilter
+
+    if not boxes:
+        return data
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    pixels = np.asarray(image).copy()
+    blurred = None
+    if fill == "blur":  # strong enough that glyphs no longer read at the model's input size
+        radius = max(2.0, min(image.size) / 16)
+        blurred = np.asarray(image.filter(ImageFilter.GaussianBlur(radius)))
+    mean = pixels.reshape(-1, 3).mean(axis=0).round().astype(np.uint8)
+    for box in boxes:
+        x0, y0, x1, y1 = box_pixels(box, image.width, image.height)
+        pixels[y0:y1, x0:x1] = mean if blurred is None else blurred[y0:y1, x0:x1]
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
