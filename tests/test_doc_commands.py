@@ -97,6 +97,8 @@ ELSEWHERE = {
     ".venv/bin/mmcurate probe configs/train_clip.yaml --set model.name=ViT-B-32 --set "
     "run.precision=bf16 --target-global-batch 4096 --out probe.json": "ViT-B-32's ladder on a"
     " GPU (bench/gpu_check.sh probe); tests/test_probe.py runs mmcurate probe on mmcurate-tiny",
+    f".venv/bin/mmcurate remove {DEMO}/build --keys takedown.txt": "needs the user's list of"
+    " keys; tests/test_remove.py runs mmcurate remove on real builds (each selector, kill -9)",
     "export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...": "placeholders for your keys",
     "export GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json": "a placeholder for your key file",
     # docs/scale.md: a Ray cluster on AWS (tests/test_cluster_yaml.py checks configs/cluster.yaml

@@ -25,7 +25,10 @@ from mmcurate.stages.base import DROP
 MANIFEST = "manifest.json"
 BUILD_ID = re.compile(r"[0-9a-f]{64}")
 # Names a build writes: a file there that no build of ours recorded would be overwritten.
-RESERVED_FILES = (MANIFEST, "stats.json", "report.html", "shardindex.json", "buckets.json")
+RESERVED_FILES = (
+    *(MANIFEST, "stats.json", "report.html", "shardindex.json", "buckets.json"),
+    "audit.jsonl",  # `mmcurate remove`'s record of what it took out (pipeline/maintain/)
+)
 PUBLISHED_FOLDERS = ("signatures", "embeddings")
 SHARD_PREFIX = "shard-"
 ATOMIC_TMP = re.compile(r"(.+)\.tmp-[0-9a-f]{32}")  # atomic.write_bytes_atomic's temp names

@@ -27,6 +27,11 @@ FOLDERS = (CANDIDATES, SIGNATURES, PARTS, SHARDS, DECIDE, SOURCE)
 CANDIDATE_EXTENSIONS = ("tar", "parquet", "media.parquet")  # payloads, metadata, media index
 DECIDE_FOLDERS = ("signatures", "kept")  # the groups' rows, the kept rows per group
 ROUND_KINDS = ("fate", "shuffle")  # per decide round: each group's fate, the routed rows
+# `mmcurate remove` (pipeline/maintain/remove*.py): its plan, the list of staged files and
+# the staged copies themselves (output names under staged/), all dropped once it is done.
+REMOVE = "remove"
+REMOVE_FILES = ("plan.json", "staged.json")
+REMOVE_STAGED = "staged"
 
 
 def part_stem(part: int) -> str:
@@ -66,6 +71,18 @@ def round_name(number: int) -> str:
     return f"{number:03d}"
 
 
+def remove_file(name: str) -> str:
+    """`remove/plan.json`, `remove/staged.json`: an unfinished remove's records."""
+    if name not in REMOVE_FILES:
+        raise ValueError(f"unknown remove file {name!r}")
+    return f"{REMOVE}/{name}"
+
+
+def remove_staged(rel: str) -> str:
+    """`remove/staged/<rel>`: the staged copy of the output file `rel` (relative to output)."""
+    return f"{REMOVE}/{REMOVE_STAGED}/{rel}"
+
+
 def _work_pattern() -> re.Pattern[str]:
     """Every name above (folders too: some stores list them as entries), with the temp copy
     an interrupted atomic write leaves (core/atomic.py)."""
@@ -83,6 +100,8 @@ def _work_pattern() -> re.Pattern[str]:
                 rf"{SHARDS}/shard-[0-9]{{6,}}\.json{tmp}",
                 rf"{DECIDE}/({rounds})(/[a-z0-9-]+\.parquet{tmp})?",
                 rf"{SOURCE}/[0-9a-f]{{16}}-[0-9]+(/([0-9]{{6,}}\.parquet|{re.escape(STAGED_DONE)}){tmp})?",
+                rf"{REMOVE}(/({'|'.join(map(re.escape, REMOVE_FILES))}){tmp})?",
+                rf"{REMOVE}/{REMOVE_STAGED}(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*",  # output names
             ]
         )
     )
