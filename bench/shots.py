@@ -18,6 +18,7 @@ first pass: transitions the full network finds that the first pass misses.
 
     .venv/bin/python bench/shots.py --out /tmp/shots            # corpus + all detectors
     .venv/bin/python bench/shots.py --out /tmp/shots --only transnetv2,transnetv2_full
+    .venv/bin/python bench/shots.py --out /tmp/shots-7 --seed 7000   # a fresh corpus
 """
 
 from __future__ import annotations
@@ -139,8 +140,9 @@ def encode(frames: list[np.ndarray], path: Path) -> None:
             box.mux(packet)
 
 
-def make_corpus(folder: Path, edits: int = 14, per_negative: int = 3) -> list[dict]:
-    """Videos written to `folder` (reused when truth.json is there); their truth."""
+def make_corpus(folder: Path, edits: int = 14, per_negative: int = 3, seed: int = 0) -> list[dict]:
+    """Videos written to `folder` (reused when truth.json is there); their truth. `seed`
+    shifts every video's seed (0: the corpus the first figures were measured on)."""
     truth_file = folder / "truth.json"
     if truth_file.exists():
         return json.loads(truth_file.read_text())
@@ -149,10 +151,12 @@ def make_corpus(folder: Path, edits: int = 14, per_negative: int = 3) -> list[di
     todo = [("edited", i) for i in range(edits)]
     todo += [(k, i) for k in ("fast_pan", "flash1", "flash3", "shake") for i in range(per_negative)]
     truth = []
-    for n, (kind, seed) in enumerate(todo):
-        made = edited(seed, pictures) if kind == "edited" else negative(kind, n, pictures)
+    for n, (kind, i) in enumerate(todo):
+        made = (
+            edited(seed + i, pictures) if kind == "edited" else negative(kind, seed + n, pictures)
+        )
         frames, info = made
-        path = folder / f"{kind}-{seed:02d}.mp4"
+        path = folder / f"{kind}-{i:02d}.mp4"
         encode(frames, path)
         truth.append(info | {"path": str(path), "frames": len(frames)})
     truth_file.write_text(json.dumps(truth))
@@ -191,8 +195,8 @@ def mmcurate_transnet(path: str, first_pass: bool) -> list[list[int]]:
     from mmcurate.stages.lib.transnet import detect_shots
 
     opts = {"threshold": 0.5, "first_pass": first_pass}
-    found, spans, scored = detect_shots(Spilled(path, os.path.getsize(path)), opts)
-    STEPS.append((scored, -(-found.count // 50)))
+    found, spans, predictor = detect_shots(Spilled(path, os.path.getsize(path)), opts)
+    STEPS.append((predictor.scored, -(-found.count // 50)))
     return gaps(spans, found.count)
 
 
@@ -343,11 +347,12 @@ def main() -> None:
     parser.add_argument(
         "--only", default="scenes,transnetv2,transnetv2_full,package,content,adaptive"
     )
+    parser.add_argument("--seed", type=int, default=0, help="corpus seed (a fresh corpus)")
     parser.add_argument("--detector", help=argparse.SUPPRESS)  # a child: one detector
     parser.add_argument("--report", action="store_true", help="print the last run's tables")
     args = parser.parse_args()
     folder = Path(args.out)
-    truth = make_corpus(folder / "videos")
+    truth = make_corpus(folder / "videos", seed=args.seed)
     paths = [v["path"] for v in truth]
     if args.detector:
         print(json.dumps(run_detector(args.detector, paths)))

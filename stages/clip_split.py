@@ -19,17 +19,24 @@ task's spill folder) and encodes each clip straight into a file there. Clips com
 Spilled values; the first `inline_clip_bytes` of a batch's clips are read back into bytes
 (small clips stay plain values), so the memory clips take is bounded by that, however many
 or long they are. A failed or killed call's partial clip files are removed.
+
+`transnetv2` runs the network in the decoder child, or, when the build gives the stage an
+actor pool (`num_gpus`, `concurrency`: chosen as for clip_score), in the pool's actors: the
+child scans and writes the 48x27 frames to a file, the task feeds them to the same predictor
+with windows scored by an actor, and the child cuts the clips (stages/lib/transnet_pool.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
 import time
 import uuid
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
+from mmcurate.core.config_io import checked_resources
 from mmcurate.core.formats import (
     FRAME_COLUMN,
     VIDEO_COLUMNS,
@@ -38,13 +45,14 @@ from mmcurate.core.formats import (
     sample_meta,
 )
 from mmcurate.core.spill import Media, Spilled, media_bytes, release, task_folder
-from mmcurate.stages.base import DROP, DROP_STAGE, Columns, Stage, StageOptions, register
+from mmcurate.stages.base import DROP, DROP_STAGE, Columns, ModelStage, StageOptions, register
 from mmcurate.stages.lib.isolation import Isolated
-from mmcurate.stages.lib.transnet import split_shots
+from mmcurate.stages.lib.transnet import clips_of_spans, split_shots
 from mmcurate.stages.lib.transnet_net import WEIGHTS
+from mmcurate.stages.lib.transnet_pool import TransNetScorer, pooled_spans, scan_to_file
 from mmcurate.stages.lib.video_child import PARENT, decoder_input, isolated_decode
 from mmcurate.stages.lib.video_split import CLIP_CONTAINER, header_seconds, split_video
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 TRANSNET_THRESHOLD = 0.5  # the reference implementation's
 # decoder time limits when `timeout_s` is unset: a base, plus seconds per second of video
@@ -75,6 +83,20 @@ class ClipSplitOptions(StageOptions):
     inline_clip_bytes: int = Field(
         16 << 20, ge=0, description="clips of a batch kept as bytes, in all; the rest: files"
     )
+    # transnetv2: the network's actor pool, as clip_score's (pipeline/runtime/actors.py)
+    num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
+    concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
+    resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
+        default_factory=dict, description="custom Ray resources per actor"
+    )
+
+    @property
+    def model(self) -> str:  # what the pool's actors are started with (start_pool)
+        return "TransNetV2"
+
+    @property
+    def precision(self) -> str:
+        return "fp32"
 
     @model_validator(mode="before")
     @classmethod
@@ -99,10 +121,27 @@ class ClipSplitOptions(StageOptions):
 
 
 @register
-class ClipSplit(Stage):
+class ClipSplit(ModelStage):
     name = "clip_split"
     Options = ClipSplitOptions
     expands: ClassVar[bool] = True
+
+    def __init__(
+        self, options: ClipSplitOptions | None = None, index: int = 0, encoder: Any = None
+    ) -> None:
+        super().__init__(options, index, encoder)
+        self.uses_model_pool = self.options.mode == "transnetv2"  # the others have no model
+
+    def served_by(self, encoder: Any) -> ClipSplit:
+        """Set up first, so every task's copy shares the worker's one decoder child."""
+        if not self._ready:
+            self.setup()
+            self._ready = True
+        return super().served_by(encoder)
+
+    def pool_loader(self) -> type[TransNetScorer]:
+        """How an actor of the pool loads the network (pipeline/runtime/actors.py)."""
+        return TransNetScorer
 
     def models(self) -> list[dict[str, str]]:
         if self.options.mode != "transnetv2":
@@ -169,12 +208,35 @@ class ClipSplit(Stage):
         args = (sent, self.options.model_dump(), prefix)
         try:
             timeout = self.options.timeout_s or self.timeout_for(sent)
-            clips, reason = isolated_decode(self.decoder, self.splitter, args, timeout)
+            if self.encoder is None:
+                clips, reason = isolated_decode(self.decoder, self.splitter, args, timeout)
+            else:
+                clips, reason = self.split_pooled(sent, prefix, timeout)
         finally:
             release(temporary)
         if clips is None:  # a killed or failed call may have left partial clips
             release(Spilled(path, 0) for path in glob.glob(glob.escape(prefix) + "-*"))
         return clips, reason
+
+    def split_pooled(
+        self, sent: Media, prefix: str, timeout: float
+    ) -> tuple[list | None, str | None]:
+        """transnetv2 with the network in the pool's actors: scan in the child, score here
+        through the pool, cut in the child (stages/lib/transnet_pool.py)."""
+        opts, frames = self.options.model_dump(), f"{prefix}-frames.rgb"
+        try:
+            scanned, reason = isolated_decode(
+                self.decoder, scan_to_file, (sent, opts, frames), timeout
+            )
+            if scanned is None:
+                return None, reason
+            found, signal = scanned
+            spans, _ = pooled_spans(frames, signal, opts, self.encoder.call)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(frames)
+        args = (sent, found, spans, opts, prefix)
+        return isolated_decode(self.decoder, clips_of_spans, args, timeout)
 
     def timeout_for(self, sent: Media) -> float:
         """`timeout_s` unset: BASE_TIMEOUT_S plus a budget per second of video, by the length

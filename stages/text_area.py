@@ -17,18 +17,22 @@ Drops: `text_area` (over `max_area`), `text_area_low` (under `min_area`), `no_im
 picture and no video), `too_many_pixels` (from the header, before decoding), `decode_error`,
 and for a video decoded here the decoder's reasons (`decode_timeout`, `no_video_stream`, ...).
 onnxruntime runs on the CPU with `threads` threads per task (1 by default: Ray runs a task per
-core); the model is loaded once per worker, in setup().
+core); the model is loaded once per worker, in setup(). Or the detector runs in an actor pool
+chosen as for clip_score (`num_gpus`, `concurrency`, `resources`; onnxruntime's CUDA provider
+where installed, else its CPU one): the task decodes the pictures and sends them to an actor,
+which runs the same `TextDetector.detect`; recognition stays in the task.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import Annotated, Any
 
 import numpy as np
-from mmcurate.core.config_io import ConfigError
+from mmcurate.core.config_io import ConfigError, checked_resources
 from mmcurate.core.formats import FRAME_COLUMN, IMAGE_COLUMNS, VIDEO_COLUMNS, meta_json, sample_meta
 from mmcurate.core.spill import Media
-from mmcurate.stages.base import Columns, Stage, StageOptions, media_column, register
+from mmcurate.stages.base import Columns, ModelStage, StageOptions, media_column, register
 from mmcurate.stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, upright
 from mmcurate.stages.lib.text_detect import (
     DETECTOR_FILE,
@@ -44,7 +48,7 @@ from mmcurate.stages.lib.text_recognize import (
     reading_order,
 )
 from PIL import Image
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 HIGH_REASON = "text_area"
 LOW_REASON = "text_area_low"
@@ -68,6 +72,20 @@ class TextAreaOptions(StageOptions):
     timeout_s: float = Field(30.0, gt=0, description="per video decoded here")
     recognize: bool = Field(False, description="also recognise the text: text_lines")
     text_score: float = Field(0.5, ge=0, le=1, description="recognize: lines scored under it")
+    # the detector's actor pool, as clip_score's (pipeline/runtime/actors.py)
+    num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
+    concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
+    resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
+        default_factory=dict, description="custom Ray resources per actor"
+    )
+
+    @property
+    def model(self) -> str:  # what the pool's actors are started with (start_pool)
+        return "PP-OCRv4 det"
+
+    @property
+    def precision(self) -> str:
+        return "fp32"
 
     @model_validator(mode="after")
     def _consistent(self) -> TextAreaOptions:
@@ -78,7 +96,7 @@ class TextAreaOptions(StageOptions):
 
 
 @register
-class TextArea(Stage):
+class TextArea(ModelStage):
     name = "text_area"
     Options = TextAreaOptions
     produces = frozenset({"text_area"})
@@ -97,9 +115,19 @@ class TextArea(Stage):
         except FileNotFoundError as err:
             raise ConfigError(f"stages.{self.index}: {err}") from None
 
-    def setup(self) -> None:
+    def pool_loader(self) -> partial:
+        """How an actor of the pool loads the detector (pipeline/runtime/actors.py)."""
         opts = self.options
-        settings = DetectSettings(
+        return partial(
+            TextDetector.on,
+            settings=self.settings(),
+            threads=opts.threads,
+            batch_size=opts.batch_size,
+        )
+
+    def settings(self) -> DetectSettings:
+        opts = self.options
+        return DetectSettings(
             short_side=opts.short_side,
             max_side=opts.max_side,
             thresh=opts.thresh,
@@ -107,7 +135,14 @@ class TextArea(Stage):
             unclip_ratio=opts.unclip_ratio,
             area_unclip_ratio=opts.area_unclip_ratio,
         )
-        self.detector = TextDetector(settings, opts.threads, opts.batch_size)
+
+    def setup(self) -> None:
+        opts = self.options
+        # with a pool (a task's copy, given its encoder), the detector is the actors'
+        pooled = self.encoder is not None
+        self.detector = (
+            None if pooled else TextDetector(self.settings(), opts.threads, opts.batch_size)
+        )
         self.decoder: Any = None  # started on the first video without frames
         self.recognizer = TextRecognizer(opts.threads) if opts.recognize else None
 
@@ -118,7 +153,7 @@ class TextArea(Stage):
         for start in range(0, size, self.options.batch_size):
             rows = range(start, min(size, start + self.options.batch_size))
             flat = [(i, p) for i in rows for p in self.pictures(batch, i, reasons)]
-            found = self.detector.detect([p for _, p in flat]) if flat else []
+            found = self.detect([p for _, p in flat]) if flat else []
             best: dict[int, tuple[float, np.ndarray, Image.Image]] = {}
             for (i, picture), text in zip(flat, found, strict=True):
                 area = round(union_area(text.lines), 6)
@@ -133,6 +168,12 @@ class TextArea(Stage):
                 reasons[i] = self.verdict(area)
         batch["json"] = metas
         return batch, reasons
+
+    def detect(self, pictures: list[Image.Image]) -> list:
+        """The detector's `Found` per picture, in the pool's actors or in this task."""
+        if self.encoder is not None:
+            return self.encoder.call("detect", pictures)
+        return self.detector.detect(pictures)
 
     def largest(self, boxes: np.ndarray) -> np.ndarray:
         """The largest `max_boxes` boxes (those stored and read)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import random
+from functools import partial
 
 import av
 import numpy as np
@@ -149,10 +150,11 @@ def test_streaming_windows_match_the_reference_loop() -> None:
     rng = np.random.default_rng(0)
     for count, batch in ((1, 8), (50, 2), (151, 2)):
         frames = rng.integers(0, 256, (count, 27, 48, 3), dtype=np.uint8)
-        predictor = transnet.ShotPredictor(net, batch=batch)
+        predictor = transnet.ShotPredictor(partial(transnet_net.middles, net), batch)
         for frame in frames:
             predictor.add(frame)
         single, many = predictor.finish()
+        assert predictor.most_held <= transnet_net.WINDOW + (batch - 1) * transnet_net.STEP
         ref_single, ref_many = net.predict_frames(torch.from_numpy(frames), quiet=True)
         assert np.allclose(single, ref_single.numpy(), atol=1e-5)
         assert np.allclose(many, ref_many.numpy(), atol=1e-5)

@@ -58,10 +58,10 @@ def test_network_runs_only_around_candidates() -> None:
     """A steady shot: the first pass leaves the network nothing to run; without it (the full
     run, `first_pass: false`) every 50-frame step is scored. Same single shot either way."""
     video = encode(pan(data.chelsea(), 150, (3, 1), 3))
-    found, spans, scored = transnet.detect_shots(video, options())
-    assert (spans, scored) == ([(0, 150)], 0)
-    found, spans, scored = transnet.detect_shots(video, options(first_pass=False))
-    assert (spans, scored) == ([(0, 150)], 3)
+    found, spans, predictor = transnet.detect_shots(video, options())
+    assert (spans, predictor.scored) == ([(0, 150)], 0)
+    found, spans, predictor = transnet.detect_shots(video, options(first_pass=False))
+    assert (spans, predictor.scored) == ([(0, 150)], 3)
 
 
 def test_slow_dissolve_found_with_and_without_the_first_pass() -> None:
@@ -73,7 +73,7 @@ def test_slow_dissolve_found_with_and_without_the_first_pass() -> None:
         assert len(spans) == 2  # one transition, between the two shots
         (_, end), (start, _) = spans
         assert end <= blended.start + 4 and start >= blended.stop - 4  # its frames in no clip
-    assert fast[2] < full[2]  # and the first pass ran the network on fewer windows
+    assert fast[2].scored < full[2].scored  # and the first pass ran the network on fewer windows
 
 
 def test_flash_held_three_frames_is_no_cut() -> None:

@@ -190,18 +190,32 @@ def union_area(boxes: np.ndarray) -> float:
 class TextDetector:
     """The ONNX detector: `detect(pictures)` -> normalised boxes per picture, run in batches."""
 
-    def __init__(self, settings: DetectSettings, threads: int = 1, batch_size: int = 8) -> None:
+    def __init__(
+        self,
+        settings: DetectSettings,
+        threads: int = 1,
+        batch_size: int = 8,
+        device: str = "cpu",
+    ) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # 0: onnxruntime's own choice (all cores)
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            model_file(), options, providers=["CPUExecutionProvider"]
-        )
+        providers = ["CPUExecutionProvider"]
+        if device != "cpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")  # a GPU actor (onnxruntime-gpu)
+        self.session = ort.InferenceSession(model_file(), options, providers=providers)
         self.input = self.session.get_inputs()[0].name
         self.settings = settings
         self.batch_size = batch_size
+
+    @classmethod
+    def on(
+        cls, device: str, settings: DetectSettings, threads: int, batch_size: int
+    ) -> TextDetector:
+        """A pool actor's detector (ModelActor's `loader`, given its device)."""
+        return cls(settings, threads, batch_size, device)
 
     def detect(self, pictures: list[Image.Image]) -> list[Found]:
         """RGB pictures -> for each, its boxes and lines (`Found`, float32, 0..1).

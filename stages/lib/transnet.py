@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,32 +41,37 @@ from mmcurate.stages.lib.transnet_net import (
     load_net,
     middles,
 )
-from mmcurate.stages.lib.video_decode import Watched
-from mmcurate.stages.lib.video_split import Scan, cut_clips, end_time, scan
+
+if TYPE_CHECKING:  # decoding (PyAV) is imported where videos are scanned or cut, so the
+    # predictors and shot_spans load without it (the pool's task side, bench/gpu_video.py)
+    from mmcurate.stages.lib.video_split import Scan
 
 JOIN_GAP = 6  # frames: transitions closer than this are one
 LEAD = 12  # frames: a candidate's region starts this far before it
 FLASH_FRAMES, FLASH_SHARE = 8, 0.5  # a flash: two transitions this close, the picture back
 
-if TYPE_CHECKING:  # torch is imported where the network runs (the decoder child), not before
-    import torch
+# the network on a batch of windows [n, 100, 27, 48, 3] -> (one-hot, many-hot) of their middle
+# 50 frames: `middles` on a local net, or the same call in a pool's actor (transnet_pool.py)
+Score = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 class ShotPredictor:
     """Per-frame transition probabilities, fed one 27x48x3 uint8 frame at a time."""
 
-    def __init__(self, net: torch.nn.Module, batch: int | None = None) -> None:
-        self.net, self.batch = net, batch or batch_for(net)
+    def __init__(self, score: Score, batch: int) -> None:
+        self.score, self.batch = score, batch
         self.frames: list[np.ndarray] = []  # padded frames from the next window's start
         self.scores: list[np.ndarray] = []  # one-hot head: the transition's frame
         self.extents: list[np.ndarray] = []  # many-hot head: all frames of a transition
         self.count = self.windows = self.scored = 0  # frames, steps done, steps run
+        self.most_held = 0  # the most frames held at once (a bound: WINDOW + (batch-1)*STEP)
 
     def add(self, frame: np.ndarray) -> None:
         if not self.count:
             self.frames.extend([frame] * CONTEXT)
         self.frames.append(frame)
         self.count += 1
+        self.most_held = max(self.most_held, len(self.frames))
         if len(self.frames) >= WINDOW + (self.batch - 1) * STEP:
             self.run(self.batch)
 
@@ -84,7 +91,7 @@ class ShotPredictor:
     def run(self, windows: int) -> None:
         stack = np.stack(self.frames[: WINDOW + (windows - 1) * STEP])
         batch = np.stack([stack[i * STEP : i * STEP + WINDOW] for i in range(windows)])
-        single, many = middles(self.net, batch)
+        single, many = self.score(batch)
         self.scores.append(single.reshape(-1))
         self.extents.append(many.reshape(-1))
         del self.frames[: windows * STEP]
@@ -100,13 +107,14 @@ class CandidatePredictor:
     `predict_frames` does); all other frames score 0. Holds the last WINDOW frames and the
     windows waiting for a batch."""
 
-    def __init__(self, net: torch.nn.Module, signal: ChangeSignal, batch: int | None = None):
-        self.net, self.signal, self.batch = net, signal, batch or batch_for(net)
+    def __init__(self, score: Score, batch: int, signal: ChangeSignal) -> None:
+        self.score, self.signal, self.batch = score, signal, batch
         self.recent: deque[np.ndarray] = deque(maxlen=WINDOW)
         self.pending: list[int] = []  # scored regions' first frames, waiting for their frames
         self.ready: list[tuple[int, np.ndarray]] = []  # (region start, its window's frames)
         self.done: list[tuple[int, np.ndarray, np.ndarray]] = []  # (start, one-hot, many-hot)
         self.count = self.covered = self.scored = 0
+        self.most_held = 0  # the most frames held at once, windows included: <= (1+batch)*WINDOW
 
     def add(self, frame: np.ndarray) -> None:
         """The frame after the last; the signal must have been given it first."""
@@ -119,6 +127,7 @@ class CandidatePredictor:
             self.covered = start + STEP
         while self.pending and self.count >= self.pending[0] + STEP + CONTEXT:
             self.take(self.pending.pop(0))
+        self.most_held = max(self.most_held, len(self.recent) + WINDOW * len(self.ready))
         if len(self.ready) >= self.batch:
             self.run()
 
@@ -132,7 +141,7 @@ class CandidatePredictor:
 
     def run(self) -> None:
         if self.ready:
-            single, many = middles(self.net, np.stack([w for _, w in self.ready]))
+            single, many = self.score(np.stack([w for _, w in self.ready]))
             self.done += [(s, a, b) for (s, _), a, b in zip(self.ready, single, many, strict=True)]
             self.scored += len(self.ready)
             self.ready = []
@@ -276,14 +285,18 @@ def grey_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
 
 
-def detect_shots(value: Media, opts: dict[str, Any]) -> tuple[Scan, list[tuple[int, int]], int]:
+def detect_shots(
+    value: Media, opts: dict[str, Any]
+) -> tuple[Scan, list[tuple[int, int]], CandidatePredictor | ShotPredictor]:
     """One decoding pass: every frame shrunk to 48x27, fed to the cheap first pass and to the
     network (which, with `first_pass`, runs only on the steps with a candidate). Returns the
-    scan, the shots' frame ranges (before max_clip_s) and how many 50-frame steps the network
-    ran on."""
+    scan, the shots' frame ranges (before max_clip_s) and the predictor (`scored`: how many
+    50-frame steps the network ran on; `most_held`: the most frames it held at once)."""
+    from mmcurate.stages.lib.video_decode import Watched
+    from mmcurate.stages.lib.video_split import end_time, scan
+
     signal, watched, net = ChangeSignal(), Watched(), load_net()
-    first_pass = opts.get("first_pass", True)
-    predictor = CandidatePredictor(net, signal) if first_pass else ShotPredictor(net)
+    predictor = predictor_for(opts, signal, partial(middles, net), batch_for(net))
 
     def on_frame(frame: Any) -> None:
         small = small_rgb(frame)
@@ -293,7 +306,16 @@ def detect_shots(value: Media, opts: dict[str, Any]) -> tuple[Scan, list[tuple[i
     found = scan(value, None, watched, on_frame=on_frame)
     watched.to(end_time(found.times, found.fps))
     probs, extent = predictor.finish()
-    return found, shot_spans(probs, opts["threshold"], extent, signal), predictor.scored
+    return found, shot_spans(probs, opts["threshold"], extent, signal), predictor
+
+
+def predictor_for(
+    opts: dict[str, Any], signal: ChangeSignal, score: Score, batch: int
+) -> CandidatePredictor | ShotPredictor:
+    """The first pass's predictor (`first_pass`, the default) or the full run's."""
+    if opts.get("first_pass", True):
+        return CandidatePredictor(score, batch, signal)
+    return ShotPredictor(score, batch)
 
 
 def split_shots(
@@ -302,6 +324,20 @@ def split_shots(
     """clip_split's `split_video` for mode transnetv2: shots found by `detect_shots`, long ones
     cut up (max_clip_s), then cut as for the other modes (min_clip_s, max_clips)."""
     found, spans, _ = detect_shots(value, opts)
+    return clips_of_spans(value, found, spans, opts, prefix)
+
+
+def clips_of_spans(
+    value: Media,
+    found: Scan,
+    spans: list[tuple[int, int]],
+    opts: dict[str, Any],
+    prefix: str | None = None,
+) -> list[dict[str, Any]]:
+    """The shots' frame ranges cut into clips: long ones cut up (max_clip_s), then as for the
+    other modes (min_clip_s, max_clips)."""
+    from mmcurate.stages.lib.video_split import cut_clips, end_time
+
     duration = end_time(found.times, found.fps)
     spans = split_long(spans, found.times, duration, opts.get("max_clip_s"))
     bounds = [
