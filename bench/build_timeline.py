@@ -51,7 +51,7 @@ def main() -> None:
     for name in ("publish", "write_report", "drop_work"):
         wrap(phase_c, name)
     wrap(raysession, "prestart")
-    wrap(raysession, "shutdown")
+    wrap(raysession.Runtime, "close")
     exit_now = os._exit
 
     def exit_marked(code: int) -> None:

@@ -102,7 +102,6 @@ def main() -> None:
     args = ap.parse_args()
     from mmcurate.pipeline.build import run_build
     from mmcurate.pipeline.config import BuildConfig
-    from mmcurate.pipeline.runtime.session import shutdown
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -133,7 +132,6 @@ def main() -> None:
             with PeakWatch() as peak:
                 manifest = run_build(BuildConfig.model_validate(cfg), progress=False)
         finally:
-            shutdown()
             server.shutdown()
         result = {
             "rows": args.rows,

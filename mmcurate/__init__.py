@@ -58,14 +58,14 @@ def build(
     from mmcurate.core.redaction import redact_text
     from mmcurate.pipeline.build import run_build
     from mmcurate.pipeline.config import load_build_config
-    from mmcurate.pipeline.runtime.session import prestart, shutdown
+    from mmcurate.pipeline.runtime.session import prestart
 
     cfg = load_build_config(_tree_or_path(config), list(overrides))
-    prestart(cfg)
+    runtime = prestart(cfg)
     try:
-        manifest = run_build(cfg, progress=progress)
+        manifest = run_build(cfg, progress=progress, runtime=runtime)
     finally:
-        shutdown()
+        runtime.close()
     output = cfg.output.path
     return {
         "output": redact_text(output),

@@ -22,6 +22,7 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.core.mapreduce import LocalRunner
 from mmcurate.core.redaction import redact_text
 from mmcurate.core.storage import check_reachable
+from mmcurate.pipeline.build_run import BuildRun
 from mmcurate.pipeline.config import BuildConfig, check_paths, check_ray_resources
 from mmcurate.pipeline.decide.phase_b import decide
 from mmcurate.pipeline.output.groups import (
@@ -32,12 +33,11 @@ from mmcurate.pipeline.output.groups import (
     scan_footers,
 )
 from mmcurate.pipeline.output.publish import Publication
-from mmcurate.pipeline.output.resume import AlreadyBuilt, Claim, build_identity, claim_output
+from mmcurate.pipeline.output.resume import AlreadyBuilt, build_identity, claim_output
 from mmcurate.pipeline.output.stats import build_stats, merge_counts
 from mmcurate.pipeline.phase_a import phase_a
 from mmcurate.pipeline.phase_c import commit, phase_c
-from mmcurate.pipeline.runtime.session import connect, run_tasks
-from mmcurate.pipeline.runtime.session import runner as runtime_runner
+from mmcurate.pipeline.runtime.session import Runtime, connect
 from mmcurate.pipeline.sources.partitions import plan_source
 from mmcurate.pipeline.sources.staging import stage_sources
 from mmcurate.stages.base import Stage
@@ -50,50 +50,61 @@ IN_PROCESS_ROWS = 200_000
 GROUP_ROWS = ROWS_PER_GROUP  # signature rows a phase B/C task handles (pipeline/output/groups.py)
 
 
-def run_build(cfg: BuildConfig, progress: bool = True) -> dict[str, Any]:
+def run_build(
+    cfg: BuildConfig, progress: bool = True, runtime: Runtime | None = None
+) -> dict[str, Any]:
     """Run (or resume) a whole build; returns the manifest. Config problems raise ConfigError
-    before anything runs; rerunning a finished build returns its manifest untouched."""
+    before anything runs; rerunning a finished build returns its manifest untouched.
+    `runtime`: one `prestart` made (the caller closes it); else the build makes its own
+    (`connect`) and closes it when it returns."""
     stages = build_stages(cfg.stages)
-    if cfg.ray.runtime == "local":
-        connect(cfg.ray)  # the pool's zygote forks before preflight loads any model
-    parts = preflight(cfg, stages)
-    identity = build_identity(cfg, parts)
+    own = runtime is None
+    if own and cfg.ray.runtime == "local":
+        runtime = connect(cfg.ray)  # the pool's zygote forks before preflight loads any model
     try:
-        claim = claim_output(cfg, identity)
-    except AlreadyBuilt as built:
-        log.info("%s already holds this build; nothing to do", redact_text(cfg.output.path))
-        return built.manifest
+        parts = preflight(cfg, stages)
+        identity = build_identity(cfg, parts)
+        try:
+            claim = claim_output(cfg, identity)
+        except AlreadyBuilt as built:
+            log.info("%s already holds this build; nothing to do", redact_text(cfg.output.path))
+            return built.manifest
+        runtime = connect(cfg.ray, runtime)
+        return build_claimed(BuildRun(cfg, stages, claim, runtime, progress), parts)
+    finally:
+        if own and runtime is not None:
+            runtime.close()
+
+
+def build_claimed(run: BuildRun, parts: list[dict]) -> dict[str, Any]:
+    """The phases and the commit, while this run holds output.path."""
     try:
-        return build_claimed(cfg, stages, parts, claim, progress)
+        return build_phases(run, parts)
     except Exception:
-        if not claim.holds():  # another run took over (and its scratch replaced this one's)
-            raise claim.lost() from None
+        if not run.claim.holds():  # another run took over (and its scratch replaced this one's)
+            raise run.claim.lost() from None
         raise
 
 
-def build_claimed(
-    cfg: BuildConfig, stages: list[Stage], parts: list[dict], claim: Claim, progress: bool
-) -> dict[str, Any]:
-    """The phases and the commit, while this run holds output.path."""
-    connect(cfg.ray)
+def build_phases(run: BuildRun, parts: list[dict]) -> dict[str, Any]:
+    cfg, runtime = run.cfg, run.runtime
     timer = PhaseTimer()
-    work_url = claim.work_url
+    work_url = run.claim.work_url
     # After the claim: staged copies of the source (gzip lists, huge row groups) are _work scratch.
-    parts = stage_sources(parts, work_url, cfg.storage_options, partial(run_tasks, label="staging"))
-    timer.run("candidates", phase_a, cfg, stages, parts, claim, progress)
-    groups, schema = signature_groups(cfg, parts, work_url)
-    runner = (
-        LocalRunner() if sum(groups.rows) <= IN_PROCESS_ROWS else runtime_runner(BYTES_PER_GROUP)
-    )
-    final = timer.run("decide", decide, groups, stages, runner)
-    claim.check()  # another run's scratch may have replaced ours: stop before using it
-    args = (cfg, groups, stages, final, runner, claim, progress)
-    entries, layout = timer.run("shards", phase_c, *args)
+    staging = partial(runtime.run_tasks, label="staging")
+    parts = stage_sources(parts, work_url, cfg.storage_options, staging)
+    timer.run("candidates", phase_a, run, parts)
+    groups, schema = signature_groups(cfg, parts, work_url, runtime)
+    in_process = sum(groups.rows) <= IN_PROCESS_ROWS
+    runner = LocalRunner() if in_process else runtime.runner(BYTES_PER_GROUP)
+    final = timer.run("decide", decide, groups, run.stages, runner)
+    run.claim.check()  # another run's scratch may have replaced ours: stop before using it
+    entries, layout = timer.run("shards", phase_c, run, groups, final, runner)
     plan = Publication(
         cfg.output.path, final, schema, layout["kept_starts"], layout["shard_starts"]
     )
-    stats = build_stats(merge_counts(layout["counts"]), stages)
-    args = (cfg, groups, plan, stats, entries, timer.seconds, claim, runner)
+    stats = build_stats(merge_counts(layout["counts"]), run.stages)
+    args = (run, groups, plan, stats, entries, timer.seconds, runner)
     return timer.run("commit", commit, *args)
 
 
@@ -112,12 +123,12 @@ def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
 
 
 def signature_groups(
-    cfg: BuildConfig, parts: list[dict], work_url: str
+    cfg: BuildConfig, parts: list[dict], work_url: str, runtime: Runtime
 ) -> tuple[Groups, pa.Schema]:
     """The partitions' signature row counts, bytes and columns (footers only), grouped."""
     numbers = [p["part"] for p in parts]
     rows, sizes, schema = scan_footers(
-        work_url, numbers, cfg.storage_options, runtime_runner(BYTES_PER_GROUP)
+        work_url, numbers, cfg.storage_options, runtime.runner(BYTES_PER_GROUP)
     )
     members = plan_groups(numbers, rows, GROUP_ROWS, sizes=sizes)  # capped by rows and bytes
     counts = dict(zip(numbers, rows, strict=True))

@@ -145,7 +145,7 @@ def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int
     from mmcurate.core.redaction import redact_text
     from mmcurate.pipeline.build import run_build
     from mmcurate.pipeline.config import load_build_config
-    from mmcurate.pipeline.runtime.session import prestart, shutdown
+    from mmcurate.pipeline.runtime.session import prestart
 
     if exit_when_done:
         from mmcurate.core.pandas_probe import skip_pandas_probe
@@ -155,10 +155,11 @@ def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int
     overrides += ["output.allow_other_files=true"] if args.allow_other_files else []
     cfg = load_build_config(args.config, overrides)
     runtime = prestart(cfg)  # the runtime starts while the build plans
+    local = runtime.kind == "local"
     try:
-        manifest = run_build(cfg, progress=not args.no_progress)
+        manifest = run_build(cfg, progress=not args.no_progress, runtime=runtime)
     finally:
-        shutdown()
+        runtime.close()
     print_summary(cfg)
     print(
         json.dumps(
@@ -169,7 +170,7 @@ def build_command(args: argparse.Namespace, exit_when_done: bool = False) -> int
             }
         )
     )
-    if exit_when_done and runtime == "local":
+    if exit_when_done and local:
         sys.stdout.flush()
         sys.stderr.flush()
         remove_multiprocessing_temp()

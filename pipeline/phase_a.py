@@ -14,6 +14,7 @@ from mmcurate.core.atomic import write_parquet
 from mmcurate.core.progress import report
 from mmcurate.core.spill import Spilled, remove_folder, set_task_folder, spill_folder, sweep_folders
 from mmcurate.core.storage import join
+from mmcurate.pipeline.build_run import BuildRun
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.output.candidates import ClaimLost, noted, run_chain, write_candidate
 from mmcurate.pipeline.output.groups import signatures_name
@@ -31,7 +32,6 @@ from mmcurate.pipeline.output.shards import candidate_name
 from mmcurate.pipeline.output.signatures import signature_table
 from mmcurate.pipeline.output.work_names import CANDIDATES, SIGNATURES
 from mmcurate.pipeline.runtime.actors import RemoteEncoder, start_pools, stop_pools
-from mmcurate.pipeline.runtime.session import fitted_memory, run_tasks
 from mmcurate.pipeline.sources.partitions import read_chunks
 from mmcurate.pipeline.sources.samples import Reading
 from mmcurate.stages.base import DROP, Stage
@@ -40,25 +40,30 @@ from mmcurate.stages.registry import build_stages, stage_order
 log = logging.getLogger("mmcurate.build")
 
 
-def phase_a(
-    cfg: BuildConfig, stages: list[Stage], parts: list[dict], claim: Claim, progress: bool
-) -> None:
+def phase_a(run: BuildRun, parts: list[dict]) -> None:
     """Process the partitions not done by an earlier run of this build (each writes its
     signatures file). Model stages that want an actor pool get one for this phase."""
+    cfg, claim, local = run.cfg, run.claim, run.runtime.kind == "local"
     claim.check()
     done = done_parts(claim)
     todo = [p for p in parts if p["part"] not in done]
     if done:
         log.info("resuming: %d of %d partitions already done", len(done), len(parts))
-    encoders = start_pools(stages) if todo else {}  # stops its own pools if it fails
+    encoders = start_pools(run.stages, local) if todo else {}  # stops its own pools if it fails
     index = None
     try:
-        index = start_run_index(claim, done, todo, cfg.output)
+        index = start_run_index(claim, done, todo, cfg.output, local)
         client = None if index is None else index.client  # plain data, for the tasks
         task = partial(partition_task, cfg=cfg, claim=claim, encoders=encoders, media=client)
-        arrived = partial(partition_done, run_index=index, todo=todo)
-        memory = fitted_memory(cfg)
-        held = run_tasks(todo, task, "partitions", progress, cfg.ray.resources, memory, arrived)
+        held = run.runtime.run_tasks(
+            todo,
+            task,
+            "partitions",
+            progress=run.progress,
+            resources=cfg.ray.resources,
+            memory=run.runtime.task_memory(cfg),
+            on_result=partial(partition_done, run_index=index, todo=todo),
+        )
     finally:
         stop_pools(encoders)
         if index is not None:

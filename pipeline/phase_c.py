@@ -15,6 +15,7 @@ from mmcurate.core.manifest import manifest_document
 from mmcurate.core.mapreduce import Runner
 from mmcurate.core.redaction import redact
 from mmcurate.core.storage import filesystem, join
+from mmcurate.pipeline.build_run import BuildRun
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.output.buckets_file import write_buckets_file
 from mmcurate.pipeline.output.groups import Groups
@@ -36,24 +37,16 @@ from mmcurate.pipeline.output.shards import write_shard
 from mmcurate.pipeline.output.stats import timing_columns
 from mmcurate.pipeline.phase_a import stopped
 from mmcurate.pipeline.report.page import render_report
-from mmcurate.pipeline.runtime.session import run_tasks
-from mmcurate.stages.base import Stage
-from mmcurate.stages.registry import build_stages
 
 log = logging.getLogger("mmcurate.build")
 
 
 def phase_c(
-    cfg: BuildConfig,
-    groups: Groups,
-    stages: list[Stage],
-    final: str,
-    runner: Runner,
-    claim: Claim,
-    progress: bool,
+    run: BuildRun, groups: Groups, final: str, runner: Runner
 ) -> tuple[list[dict], dict[str, list]]:
     """Write the final shards; returns manifest entries, where groups and shards start, and
     the groups' stats shares."""
+    cfg, stages, claim = run.cfg, run.stages, run.claim
     found = kept_tables(groups, final, timing_columns(stages), runner)
     kept = [share["kept"] for share in found]
     specs = plan_layout(groups, kept, cfg.output.shard_max_samples, cfg.output.shard_max_bytes)
@@ -71,7 +64,9 @@ def phase_c(
     task = partial(shard_task, groups=groups, starts=starts, cfg=cfg, claim=claim)
     task = partial(task, referring=frozenset(retirer.reading))
     written = partial(shard_written, retirer=retirer, todo=todo)
-    entries = run_tasks([specs[i] for i in todo], task, "shards", progress, on_result=written)
+    entries = run.runtime.run_tasks(
+        [specs[i] for i in todo], task, "shards", progress=run.progress, on_result=written
+    )
     stopped(claim, entries)
     entries += [done[s["name"]] for s in specs if s["name"] in done]
     layout = {
@@ -102,17 +97,17 @@ def shard_task(
 
 
 def commit(
-    cfg: BuildConfig,
+    run: BuildRun,
     groups: Groups,
     plan: Publication,
     stats: dict[str, Any],
     entries: list[dict],
     phases: dict[str, float],
-    claim: Claim,
     runner: Runner,
 ) -> dict[str, Any]:
     """Signatures, embeddings and stats, then the manifest (the commit marker), then drop the
     scratch. Every file is recorded before it is written; the manifest lists those that were."""
+    cfg, claim = run.cfg, run.claim
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
     expected = output_files([e["name"] for e in entries], groups.count)
     record_files(claim, [*expected, MANIFEST])
@@ -121,7 +116,7 @@ def commit(
     stats["phases"] = dict(phases)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
     config = redact(json.loads(cfg.model_dump_json()))
-    models = [model for stage in build_stages(cfg.stages) for model in stage.models()]
+    models = [model for stage in run.stages for model in stage.models()]
     manifest = manifest_document(entries, config, claim.build_id, models)
     write_bytes_atomic(fs, join(out, "shardindex.json"), json.dumps(wids_index(entries)).encode())
     write_report(cfg, manifest)

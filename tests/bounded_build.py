@@ -17,20 +17,22 @@ sys.path[:0] = [str(ROOT)]
 
 from mmcurate.pipeline.build import run_build  # noqa: E402
 from mmcurate.pipeline.config import BuildConfig  # noqa: E402
-from mmcurate.pipeline.runtime.session import shutdown  # noqa: E402
+from mmcurate.pipeline.runtime.session import connect  # noqa: E402
 
 from bench.memwatch import PeakMemory, tree_pss  # noqa: E402
 
 
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    warm = BuildConfig.model_validate(spec["warm"])
+    runtime = connect(warm.ray)  # one runtime for both builds: the measured one runs warm
     try:
-        run_build(BuildConfig.model_validate(spec["warm"]), progress=False)
+        run_build(warm, progress=False, runtime=runtime)
         idle = tree_pss()
         with PeakMemory(interval=0.02) as peak:
-            run_build(BuildConfig.model_validate(spec["build"]), progress=False)
+            run_build(BuildConfig.model_validate(spec["build"]), progress=False, runtime=runtime)
     finally:
-        shutdown()
+        runtime.close()
     print(json.dumps({"idle": idle, "peak": peak.bytes}))
 
 

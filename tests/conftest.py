@@ -19,17 +19,6 @@ from mmcurate.pipeline.runtime.loopback import loopback_only_env
 os.environ.update(loopback_only_env())
 
 
-@pytest.fixture(autouse=True)
-def builds_on_ray_when_asked(request: pytest.FixtureRequest) -> None:
-    """A test that asks for the session Ray gets its builds run there: an earlier test's
-    build (run before Ray was up, so on the local runtime) leaves its pool behind, and a
-    build would run there instead, silently skipping what only Ray checks."""
-    if "ray_session" in request.fixturenames:
-        from mmcurate.pipeline.runtime.session import shutdown
-
-        shutdown()
-
-
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:
     """torch on one thread for a module's tests (small models: threads only contend here)."""

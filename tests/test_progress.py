@@ -91,11 +91,14 @@ def reports_then_waits(shown: str) -> int:
     return 1
 
 
-def shown_while_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def shown_while_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: session.Runtime
+) -> str:
     shown = tmp_path / "stderr.txt"
     with shown.open("w") as stderr:
         monkeypatch.setattr(sys, "stderr", stderr)  # where tqdm draws the bar
-        assert session.run_tasks([str(shown)], reports_then_waits, "partitions", True) == [1]
+        done = runtime.run_tasks([str(shown)], reports_then_waits, "partitions", progress=True)
+        assert done == [1]
     return shown.read_text()
 
 
@@ -109,11 +112,11 @@ def assert_counted_while_running(text: str) -> None:
 
 
 def test_the_local_pool_shows_a_partition_counts_before_it_completes(tmp_path, monkeypatch):
-    session.connect(RayConfig(runtime="local", num_cpus=1))
+    runtime = session.connect(RayConfig(runtime="local", num_cpus=1))
     try:
-        text = shown_while_running(tmp_path, monkeypatch)
+        text = shown_while_running(tmp_path, monkeypatch, runtime)
     finally:
-        session.shutdown()
+        runtime.close()
     assert_counted_while_running(text)
 
 
@@ -123,7 +126,8 @@ def test_ray_tasks_show_a_partition_counts_before_it_completes(ray_session, tmp_
     module = sys.modules[__name__]
     cloudpickle.register_pickle_by_value(module)  # Ray's workers cannot import tests/
     try:
-        assert_counted_while_running(shown_while_running(tmp_path, monkeypatch))
+        text = shown_while_running(tmp_path, monkeypatch, session.Runtime())
+        assert_counted_while_running(text)
     finally:
         cloudpickle.unregister_pickle_by_value(module)
 

@@ -417,10 +417,8 @@ def test_partition_tasks_declare_memory_that_fits_the_ray(ray_session, tmp_path)
         fitted_memory,
         node_memory,
         partition_memory,
-        shutdown,
     )
 
-    shutdown()  # an earlier test's local pool: builds would run there, not on Ray
     base = dedupe_config(tmp_path, str(tmp_path / "out")) | {"ray": {}}
     cfg = BuildConfig.model_validate(base)
     assert partition_memory(cfg) == 3 * cfg.source.chunk_bytes + (512 << 20)

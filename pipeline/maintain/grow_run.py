@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.storage import filesystem, join, remove_tree
+from mmcurate.pipeline.build_run import BuildRun
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.maintain.grow_merge import (
     decide_union,
@@ -39,7 +40,7 @@ from mmcurate.pipeline.output.resume import build_identity, claim_output
 from mmcurate.pipeline.output.stats import build_stats, count_rows, merge_counts
 from mmcurate.pipeline.output.work_names import CANDIDATES, SIGNATURES, part_file
 from mmcurate.pipeline.phase_a import phase_a
-from mmcurate.pipeline.runtime.session import connect, run_tasks
+from mmcurate.pipeline.runtime.session import connect
 from mmcurate.pipeline.sources.staging import stage_sources
 from mmcurate.stages.base import DROP
 from mmcurate.stages.registry import build_stages
@@ -75,12 +76,14 @@ def new_rows(sub: BuildConfig, stages: list, parts: list[dict], progress: bool) 
     """Phase A over the new samples (resumed where a killed run left it); their rows."""
     for stage in stages:
         stage.check()
-    connect(sub.ray)
-    claim = claim_output(sub, build_identity(sub, parts))
-    staged = stage_sources(
-        parts, claim.work_url, sub.storage_options, partial(run_tasks, label="staging")
-    )
-    phase_a(sub, stages, staged, claim, progress)
+    runtime = connect(sub.ray)
+    try:
+        claim = claim_output(sub, build_identity(sub, parts))
+        staging = partial(runtime.run_tasks, label="staging")
+        staged = stage_sources(parts, claim.work_url, sub.storage_options, staging)
+        phase_a(BuildRun(sub, stages, claim, runtime, progress), staged)
+    finally:
+        runtime.close()
     fs, folder = filesystem(join(claim.work_url, SIGNATURES), sub.storage_options)
     paths = [join(folder, part_file(p["part"], "parquet")) for p in staged]
     return pa.concat_tables(read_small_parquets(fs, paths), promote_options="permissive")

@@ -295,14 +295,15 @@ def committed_payloads(
     return entries
 
 
-def start_run_index(claim: Any, done: set[int], todo: list[dict], output: Any) -> RunIndex | None:
+def start_run_index(
+    claim: Any, done: set[int], todo: list[dict], output: Any, local: bool
+) -> RunIndex | None:
     """The index for this run's phase A (`output`: the build's OutputConfig), holding the done
-    partitions' payloads; None when it is off or nothing is left to do. Local when the local
-    pool is the runtime."""
+    partitions' payloads; None when it is off or nothing is left to do. In this process when
+    the local pool is the runtime (`local`)."""
     if not output.store_copies_once or not todo:
         return None
     from mmcurate.pipeline.output.markers import done_records
-    from mmcurate.pipeline.runtime.session import local_pool
 
     records = done_records(claim, "parts")
     with_media = sorted(p for p in done if records.get(part_stem(p), {}).get("media"))
@@ -310,7 +311,7 @@ def start_run_index(claim: Any, done: set[int], todo: list[dict], output: Any) -
         join(claim.work_url, "candidates"), with_media, claim.storage_options
     )
     limit = output.copies_index_bytes // ENTRY_BYTES
-    return RunIndex(local_pool() is not None, claim.run, payloads, limit)
+    return RunIndex(local, claim.run, payloads, limit)
 
 
 def partition_done(index: int, result: Any, run_index: RunIndex | None, todo: list[dict]) -> None:

@@ -110,13 +110,14 @@ def check_devices(stages: list[Stage], gpus: bool, where: str) -> None:
             raise ConfigError(f"stages.{stage.index}.device: cuda, but {where} has no GPU")
 
 
-def start_pools(stages: list[Stage]) -> dict[int, RemoteEncoder]:
+def start_pools(stages: list[Stage], local: bool) -> dict[int, RemoteEncoder]:
     """Start the actor pools the stages ask for; returns an encoder per stage index. A pool
     that cannot be placed or loaded fails the build in one line, and stops what it started.
-    On the local runtime there are none (it is chosen only when no stage wants a pool)."""
-    from mmcurate.pipeline.runtime.session import gpus_present, local_pool
+    On the local runtime (`local`) there are none (it is chosen only when no stage wants a
+    pool)."""
+    from mmcurate.pipeline.runtime.session import gpus_present
 
-    if local_pool() is not None:
+    if local:
         check_devices(stages, gpus_present(), "this machine")
         return {}
     import ray

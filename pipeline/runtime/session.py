@@ -5,8 +5,10 @@ that fans work out on it.
 (`pipeline/runtime/localpool.py`) when the build stays on one machine: no `ray.address`, no
 RAY_ADDRESS, Ray not already initialized in this process, no custom `ray.resources`, no model
 stage that wants an actor pool; anything else runs on Ray. `prestart(cfg)` starts the runtime
-as early as the config is known (the CLI calls it before planning), `connect` joins it.
-Ray is imported only when Ray is the runtime.
+as early as the config is known (the CLI calls it before planning) and returns it as a
+`Runtime` value, which the build passes down (no module state chooses where tasks run);
+`connect` makes one for a build that was not given one. Ray is imported only when Ray is the
+runtime.
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mmcurate.core import progress as task_progress
 from mmcurate.core.config_io import ConfigError
 from mmcurate.core.mapreduce import RayRunner, Runner
 from mmcurate.pipeline.config import RayConfig
+from mmcurate.pipeline.runtime.task_fanout import (
+    collect_one,
+    pool_tasks,
+    ray_tasks,
+    ray_tasks_shown,
+    task_options,
+)
 from tqdm import tqdm
 
 if TYPE_CHECKING:
@@ -29,8 +37,8 @@ if TYPE_CHECKING:
     from mmcurate.pipeline.runtime.localpool import LocalPool
 
 log = logging.getLogger("mmcurate.runtime")
-
-_POOL: list[LocalPool] = []  # the local runtime, when it is the one started
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def ray_running() -> bool:
@@ -74,18 +82,53 @@ def choose_runtime(cfg: BuildConfig, in_ray: bool | None = None) -> str:
     return cfg.ray.runtime
 
 
-def prestart(cfg: BuildConfig) -> str:
+class Runtime:
+    """Where a build's tasks run: the local pool (`pool`), or Ray (`pool` None). One value
+    made by `prestart` or `connect` and passed down the build; `close` stops the pool."""
+
+    def __init__(self, pool: LocalPool | None = None) -> None:
+        self.pool = pool
+
+    @property
+    def kind(self) -> str:
+        return "local" if self.pool is not None else "ray"
+
+    def runner(self, task_bytes: int) -> Runner:
+        """What global stages and shard planning fan out on: the local pool's runner, or
+        Ray's with about `task_bytes` held by each call."""
+        if self.pool is not None:
+            from mmcurate.pipeline.runtime.localpool import PoolRunner
+
+            return PoolRunner(self.pool)
+        return WindowRunner(task_bytes)
+
+    def run_tasks(self, items: list[T], fn: Callable[[T], R], label: str, **how: Any) -> list[R]:
+        """`run_tasks` on this runtime (its keyword arguments)."""
+        return run_tasks(items, fn, label, pool=self.pool, **how)
+
+    def task_memory(self, cfg: BuildConfig) -> int:
+        """Bytes a partition task declares (`fitted_memory`; the local pool declares none)."""
+        return partition_memory(cfg) if self.pool is not None else fitted_memory(cfg)
+
+    def close(self) -> None:
+        """Stop the local pool's workers (idle once a build returns: nothing is lost); a Ray
+        this process joined or started stays up for the next build, as `ray.init` leaves it."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+def prestart(cfg: BuildConfig) -> Runtime:
     """Start the build's runtime now, while the driver still plans: the local pool's workers
-    fork at once (they inherit the imported stages). Returns the runtime's name."""
-    kind = choose_runtime(cfg)
-    if kind == "local" and not _POOL:
+    fork at once (they inherit the imported stages). Ray is joined later, by `connect`."""
+    if choose_runtime(cfg) == "local":
         from mmcurate.pipeline.runtime.localpool import LocalPool
 
         warm_imports()
         # One worker forks now, warm while the driver plans; the rest as tasks need them
         # (min(CPUs, tasks): a one-partition build never forks one per core).
-        _POOL.append(LocalPool(cfg.ray.num_cpus or os.cpu_count() or 1, start=1))
-    return kind
+        return Runtime(LocalPool(cfg.ray.num_cpus or os.cpu_count() or 1, start=1))
+    return Runtime()
 
 
 def warm_imports() -> None:
@@ -97,17 +140,17 @@ def warm_imports() -> None:
     pa.array([0])
 
 
-def connect(cfg: RayConfig) -> None:
-    """Use the prestarted local pool if there is one (or start it for `runtime: local`); else
-    join `ray.address` or RAY_ADDRESS if set, else start a local Ray; reuse one if running.
-    Without `prestart`, `auto` means Ray (connect cannot see the stages)."""
-    if _POOL:
-        return
+def connect(cfg: RayConfig, runtime: Runtime | None = None) -> Runtime:
+    """The runtime to run on: `runtime` when it is the local pool; a new local pool for
+    `runtime: local`; else Ray: join `ray.address` or RAY_ADDRESS if set, else start a local
+    Ray, reusing one already running. Without `prestart`, `auto` means Ray (connect cannot
+    see the stages)."""
+    if runtime is not None and runtime.pool is not None:
+        return runtime
     if cfg.runtime == "local":
         from mmcurate.pipeline.runtime.localpool import LocalPool
 
-        _POOL.append(LocalPool(cfg.num_cpus or os.cpu_count() or 1, start=0))
-        return
+        return Runtime(LocalPool(cfg.num_cpus or os.cpu_count() or 1, start=0))
     import ray
 
     if not ray.is_initialized():
@@ -116,26 +159,7 @@ def connect(cfg: RayConfig) -> None:
             ray.init(address=address, logging_level=logging.WARNING)
         else:
             ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
-
-
-def shutdown() -> None:
-    """Stop the local pool's workers (idle once a build returns: nothing is lost)."""
-    while _POOL:
-        _POOL.pop().close()
-
-
-def local_pool() -> LocalPool | None:
-    return _POOL[0] if _POOL else None
-
-
-def runner(task_bytes: int) -> Runner:
-    """What global stages and shard planning fan out on: the local pool's runner when the
-    local runtime is up, else Ray's, with about `task_bytes` held by each call."""
-    if _POOL:
-        from mmcurate.pipeline.runtime.localpool import PoolRunner
-
-        return PoolRunner(_POOL[0])
-    return WindowRunner(task_bytes)
+    return runtime or Runtime()
 
 
 class WindowRunner(RayRunner):
@@ -207,7 +231,7 @@ def fitted_memory(cfg: BuildConfig) -> int:
     that cannot fit fails in one line. On a cluster it is asked as is (an autoscaler may add
     bigger nodes)."""
     wanted = partition_memory(cfg)
-    if _POOL or cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+    if cfg.ray.address or os.environ.get("RAY_ADDRESS"):
         return wanted
     largest = node_memory()
     if wanted <= largest or not largest:
@@ -220,10 +244,6 @@ def fitted_memory(cfg: BuildConfig) -> int:
     return largest
 
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-
 def run_tasks(
     items: list[T],
     fn: Callable[[T], R],
@@ -232,8 +252,10 @@ def run_tasks(
     resources: dict[str, float] | None = None,
     memory: int | None = None,
     on_result: Callable[[int, R], None] | None = None,
+    pool: LocalPool | None = None,
 ) -> list[R]:
-    """Run `fn(item)` for each item as a task (one CPU each); return the results in order.
+    """Run `fn(item)` for each item as a task (one CPU each) on `pool`, or on Ray without
+    one; return the results in order.
 
     On the local pool, or as plain Ray tasks rather than a Ray Data `map_batches`: measured
     here, Ray Data's streaming executor held this one-partition-per-task workload to fewer
@@ -253,147 +275,9 @@ def run_tasks(
             if on_result is not None:
                 on_result(index, result)
 
-        if _POOL:
-            return _pool_tasks(_POOL[0], items, fn, arrived, bar if progress else None)
+        if pool is not None:
+            return pool_tasks(pool, items, fn, arrived, bar if progress else None)
         options = task_options(resources, memory)
         if not progress:
-            return _ray_tasks(items, fn, arrived, options)
-        return _ray_tasks_shown(items, fn, arrived, options, bar)
-
-
-def _pool_tasks(
-    pool: LocalPool, items: list, fn: Callable, arrived: Callable, bar: tqdm | None
-) -> list[Any]:
-    """On the local pool; with a bar, its postfix sums the workers' shared counters."""
-    if bar is None:
-        return pool.run(items, fn, on_result=arrived)
-    start = pool.counters.totals()
-    meter = task_progress.Meter(bar.set_postfix_str, lambda: pool.counters.since(start))
-    results = pool.run(items, fn, on_result=arrived, tick=meter.tick)
-    meter.refresh()  # the run's totals, as the bar closes
-    return results
-
-
-def _ray_tasks_shown(
-    items: list, fn: Callable, arrived: Callable, options: dict[str, Any], bar: tqdm
-) -> list[Any]:
-    """As Ray tasks that report to a tally actor as they run and return their totals with
-    their results: the postfix is the finished tasks' totals plus the running ones' so far."""
-    import ray
-
-    tally = ray.remote(num_cpus=0)(task_progress.Tally).remote()
-    reader, done = TallyReader(tally), [0.0] * len(task_progress.UNITS)
-    meter = task_progress.Meter(bar.set_postfix_str, lambda: reader.read(done))
-
-    def settled(index: int, value: tuple[Any, list[float]]) -> None:
-        done[:] = task_progress.add(done, value[1])
-        tally.finish.remote(index)  # before the driver's next read: calls from here are in order
-        arrived(index, value[0])
-
-    try:
-        results = _ray_tasks(items, fn, settled, options, tally, meter.tick)
-    finally:
-        ray.kill(tally)
-    meter.read = lambda: done
-    meter.refresh()  # the finished tasks' totals, exact, as the bar closes
-    return [value for value, _ in results]
-
-
-class TallyReader:
-    """The tally's live counts, never blocking the driver: one request in flight at a time."""
-
-    def __init__(self, tally: Any) -> None:
-        self.tally, self.asked, self.live = tally, None, None
-
-    def read(self, done: list[float]) -> list[float] | None:
-        import ray
-
-        if self.asked is not None and ray.wait([self.asked], timeout=0)[0]:
-            try:
-                self.live = ray.get(self.asked)
-            except ray.exceptions.RayError:  # a lost actor: no live counts, never a failed build
-                self.live = None
-            self.asked = None
-        if self.asked is None:
-            self.asked = self.tally.live.remote()
-        return done if self.live is None else task_progress.add(done, self.live)
-
-
-_REMOTE: list[Any] = []
-
-
-def _remote_fn() -> Any:
-    """The Ray task that runs one item (defined on first use: Ray is imported only then)."""
-    if not _REMOTE:
-        import ray
-
-        _REMOTE.append(ray.remote(num_cpus=1, max_retries=3)(_run_one))
-    return _REMOTE[0]
-
-
-def _run_one(fn: Callable[[Any], Any], item: Any, tally: Any = None, key: int = 0) -> Any:
-    """fn(item); with a tally actor, (result, what it reported: core/progress.py), counts sent
-    to the tally about once a second as it runs (never waited on: no blocked task)."""
-    if tally is None:
-        return fn(item)
-    sink = task_progress.Batched(lambda counts: tally.add.remote(key, counts)).every_interval()
-    with task_progress.channel(sink):
-        result = fn(item)
-    return result, sink.total
-
-
-def task_options(resources: dict[str, float] | None, memory: int | None) -> dict[str, Any]:
-    """Ray `.options()` for a task that asks for custom resources and memory (none: {})."""
-    options: dict[str, Any] = {"resources": resources} if resources else {}
-    return options | ({"memory": memory} if memory else {})
-
-
-def _ray_tasks(
-    items: list[Any],
-    fn: Callable,
-    arrived: Callable[[int, Any], None],
-    options: dict[str, Any],
-    tally: Any = None,
-    tick: Callable[[], None] | None = None,
-) -> list[Any]:
-    """A bounded window keeps the scheduler's queue and the driver's memory small. `tally`: the
-    actor tasks report to (results then carry counts); `tick`: called every INTERVAL_S or so."""
-    import ray
-
-    window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)
-    fn_ref = ray.put(fn)
-    remote = _remote_fn().options(**options) if options else _remote_fn()
-    pending: dict[int, Any] = {}
-    results: list[Any] = [None] * len(items)
-    timeout = None if tick is None else task_progress.INTERVAL_S
-
-    def collect() -> None:
-        got = collect_one(pending, results, timeout)
-        if tick is not None:
-            tick()
-        if got is not None:
-            arrived(*got)
-
-    for index, item in enumerate(items):
-        pending[index] = remote.remote(fn_ref, item, *(() if tally is None else (tally, index)))
-        while len(pending) >= window:
-            collect()
-    while pending:
-        collect()
-    return results
-
-
-def collect_one(
-    pending: dict[int, Any], results: list, timeout: float | None = None
-) -> tuple[int, Any] | None:
-    """Wait for any one pending task (at most `timeout` s: None when none finished by then)
-    and store its result at its index; returns both."""
-    import ray
-
-    index_of = {ref: index for index, ref in pending.items()}
-    done, _ = ray.wait(list(pending.values()), num_returns=1, timeout=timeout)
-    if not done:
-        return None
-    index = index_of[done[0]]
-    results[index] = ray.get(pending.pop(index))
-    return index, results[index]
+            return ray_tasks(items, fn, arrived, options)
+        return ray_tasks_shown(items, fn, arrived, options, bar)
