@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.util import Finalize
 from typing import IO, Any
 
 import fsspec
@@ -48,8 +48,10 @@ class ClipReader(ShardReader):
         """This process's folder for clip files (made after a worker forks)."""
         if self.folder is None or self.folder[0] != os.getpid():
             self.folder = (os.getpid(), spill_folder())
-            # Why: the folder outlives no reader (nor its process, which runs finalizers at exit).
-            weakref.finalize(self, remove_folder, self.folder[1])
+            # Why multiprocessing's Finalize: it runs when the reader goes and also when a
+            # loader worker process ends (weakref.finalize's exit hook does not run there:
+            # a worker ends with os._exit, which left an empty folder per worker and epoch).
+            Finalize(self, remove_folder, args=(self.folder[1],), exitpriority=0)
         return self.folder[1]
 
     def parse(self, f: IO[bytes], start: int, stop: int | None) -> Iterator[dict]:

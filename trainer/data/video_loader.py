@@ -23,10 +23,9 @@ continues exactly; shards come through the node's shard cache or streamed and ve
   `shuffle_buffer_bytes` is decoded by PyAV instead (decode_window_bounded: decord reads
   packets ahead, which for such a clip is much memory; docs/scale.md gives the bound). A
   clip that cannot be decoded (or is not its bucket's size) is replaced by another clip of its
-  batch (counted in the worker's log: `decode_failed`, `off_bucket`), so batches stay full;
-  a batch none of whose clips decode is skipped, counted (`VideoLoader.skipped`), never
-  replaced by another batch. Windows are decoded straight into the batch's tensor, which a
-  loader worker makes in shared memory: it reaches the training process with no copy.
+  batch (counted in the worker's log: `decode_failed`, `off_bucket`); a batch with none is
+  skipped (`VideoLoader.skipped`). Windows are decoded into the batch's tensor, made in shared
+  memory in a worker: it reaches the training process with no copy.
 - Progressive resolution (`schedule`): phases from a global step (batches handed out since
   training began, kept in the state), each with its window length and frame size
   (video_windows.py). The rank's batch i of an epoch begun at step S is step S + i (as the
@@ -77,7 +76,9 @@ from mmcurate.trainer.data.video_clips import (
 from mmcurate.trainer.data.video_windows import (
     ClipIndex,
     Phase,
+    Skipped,
     clip_window,
+    decode_threads,
     decode_window,
     decode_window_bounded,
     epoch_window,
@@ -93,15 +94,6 @@ class Clip(NamedTuple):
     key: str
     text: str
     start: int
-
-
-class Skipped(NamedTuple):
-    """In place of a batch none of whose clips could be decoded: the loader counts it
-    (`VideoLoader.skipped`) and hands out nothing for it; it still counts as a planned batch
-    (resume and schedule arithmetic)."""
-
-    bucket: str
-    clips: int
 
 
 class VideoDataset(BucketDataset):
@@ -127,6 +119,7 @@ class VideoDataset(BucketDataset):
         self._layout: Layout | None = None  # this worker's place in the epoch (set by `plan`)
         self.held_peak = 0  # the most bytes of waiting clips held in memory at once
         self.failed: dict[str, int] = {}  # clips replaced in this worker, by reason
+        self.threads = options.pop("threads", 1)  # decord's, per clip (decode_threads)
         labels = BucketLabels(index.names, index.labels(self.phases[0].frames))
         super().__init__(manifest, batch_size, labels=labels, **options)
 
@@ -218,9 +211,8 @@ class VideoDataset(BucketDataset):
     def clip_batch(
         self, raws: list, frames: np.ndarray, where: tuple[str, Phase], epoch: int
     ) -> dict[str, Any] | Skipped:
-        """One batch: every clip's window decoded straight into the batch's tensor (shared
-        memory in a loader worker: handed over without a copy); a failed one replaced by
-        another clip of the batch; a batch with none is skipped (Skipped, counted)."""
+        """One batch, every window decoded into its tensor; a failed clip replaced by another
+        of the batch; a batch with none is skipped (Skipped, counted)."""
         bucket, phase = where
         width, height = scaled_size(*parse_bucket(bucket), phase.area)
         video = batch_tensor((len(raws), phase.frames, height, width, 3))
@@ -238,9 +230,8 @@ class VideoDataset(BucketDataset):
                 clips[i] = clips[good[i % len(good)]]
                 slots[i] = slots[good[i % len(good)]]
         return {
-            # [B, T, C, H, W] as a view of the decoded channels-last frames: a transposing
-            # copy here cost more than decoding (0.34 s per 44 MB batch, measured); the
-            # training step's own copy (to the GPU, to float) does it for free
+            # [B, T, C, H, W], a view: a transposing copy here cost more than decoding (0.34 s
+            # per 44 MB batch); the step's own copy (to the GPU, to float) does it for free
             "video": video.permute(0, 1, 4, 2, 3),
             "txt": [clip.text for clip in clips],
             "__key__": [clip.key for clip in clips],
@@ -273,7 +264,7 @@ class VideoDataset(BucketDataset):
                 video = decode_window_bounded(value.path, start, count, scale)
             else:  # waited in memory (decoded from its bytes) or in a file
                 source = value.path if isinstance(value, Spilled) else io.BytesIO(value)
-                video = decode_window(source, start, count, scale, out)
+                video = decode_window(source, start, count, scale, out, self.threads)
             if video.shape != out.shape:
                 return self.fail("off_bucket")
             if video is not out:
@@ -353,12 +344,15 @@ class VideoLoader:
         self.dataset.first_step = self.step - self.consumed
         self.dataset.set_epoch(self.epoch, 1)
         self.dataset.resume_at(self.epoch, self.consumed)
+        last = None
         for batch in self.loader:
-            self.consumed += 1
-            self.step += 1
-            if isinstance(batch, Skipped):  # no clip of it decoded: counted, not repeated
+            self.consumed, self.step = self.consumed + 1, self.step + 1
+            if isinstance(batch, Skipped):  # no clip of it decoded: counted
                 self.skipped += 1
-                continue
+                if last is None or self.dataset.world == 1:
+                    continue
+                batch = last  # with ranks, every rank must take the same number of steps
+            last = batch
             yield batch
 
 
@@ -395,6 +389,7 @@ def video_loader(
     dataset = VideoDataset(
         *(manifest, batch_size, frames, index, phases),
         **(options | {"seed": seed, "rank": rank, "world": world}),
+        threads=decode_threads(workers),
         **{"storage_options": storage_options, "cache": cache, "verify": verify},
     )
     return VideoLoader(dataset, workers)

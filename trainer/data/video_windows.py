@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mmcurate.core.formats import VIDEO_COLUMNS
@@ -212,14 +213,15 @@ def decode_window(
     window: int,
     size: tuple[int, int] | None = None,
     out: np.ndarray | None = None,
+    threads: int = 1,
 ) -> np.ndarray:
     """Frames [start, start + window) of the clip at `path` (or a file object): uint8
     [T, H, W, 3], from the keyframe at or before `start` onwards; with `size` (width,
     height), scaled by the decoder as it goes. One `get_batch` call (measured 2x faster than
     a seek and T `next` calls); the frame-by-frame path where get_batch fails (`rgb`).
     `out` (C-contiguous uint8 [T, H, W, 3]): written there and returned; frames of another
-    shape are returned as they are (the caller compares)."""
-    reader = open_clip(path, size)
+    shape are returned as they are (the caller compares). `threads`: decord's decoding threads."""
+    reader = open_clip(path, size, threads)
     if start < 0 or start + window > len(reader):
         raise ValueError(f"window {start}+{window} outside the clip's {len(reader)} frames")
     try:
@@ -230,7 +232,9 @@ def decode_window(
         pass
     if hasattr(path, "seek"):
         path.seek(0)
-    reader = open_clip(path, size)  # a fresh reader: the failed call may have moved this one
+    reader = open_clip(
+        path, size, threads
+    )  # a fresh reader: the failed call may have moved this one
     reader.seek_accurate(start)
     stacked = np.stack([rgb(reader.next()) for _ in range(window)])
     if out is not None and out.shape == stacked.shape:
@@ -295,9 +299,29 @@ def rgb(frame: object) -> np.ndarray:
     return np.ascontiguousarray(array.reshape(height, -1)[:, : width * 3].reshape(height, width, 3))
 
 
-def open_clip(path: Any, size: tuple[int, int] | None = None):  # noqa: ANN201 - decord's reader
+def open_clip(path: Any, size: tuple[int, int] | None = None, threads: int = 1):  # noqa: ANN201 - decord's reader
     from decord import VideoReader, cpu
 
     width, height = size or (-1, -1)
-    # One thread: the loader's workers are the parallelism; more would oversubscribe.
-    return VideoReader(path, ctx=cpu(0), num_threads=1, width=width, height=height)
+    # One thread by default: the loader's workers are the parallelism (decode_threads).
+    return VideoReader(path, ctx=cpu(0), num_threads=threads, width=width, height=height)
+
+
+def decode_threads(workers: int) -> int:
+    """decord threads per loader worker: the process's cores shared among its workers (one
+    each when there are as many workers as cores; more would only oversubscribe them)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(workers, 1))
+
+
+class Skipped(NamedTuple):
+    """In place of a batch none of whose clips could be decoded: the loader counts it
+    (`VideoLoader.skipped`) and hands out nothing for it (with several ranks, the rank's
+    previous batch again, so that ranks keep equal steps); it still counts as a planned batch
+    (resume and schedule arithmetic)."""
+
+    bucket: str
+    clips: int
