@@ -115,6 +115,26 @@ def checked_resources(resources: dict[str, float]) -> dict[str, float]:
     return resources
 
 
+def add_storage_options(parser: argparse.ArgumentParser) -> None:
+    """`--storage-options JSON`: fsspec options for a command that reads a build's folder."""
+    parser.add_argument(
+        "--storage-options", default="{}", help="fsspec options as JSON (default: environment)"
+    )
+
+
+def parse_storage_options(text: str) -> dict[str, Any]:
+    """`--storage-options` parsed: a JSON object, else a one-line ConfigError."""
+    import json
+
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--storage-options: not JSON: {err.msg} (char {err.pos})") from None
+    if not isinstance(options, dict):
+        raise ConfigError('--storage-options: expected a JSON object such as {"anon": true}')
+    return options
+
+
 def add_overrides(parser: argparse.ArgumentParser, example: str = "") -> None:
     """The `--set KEY.PATH=VALUE` option every mmcurate command takes (repeatable)."""
     parser.add_argument(

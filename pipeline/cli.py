@@ -10,7 +10,12 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from mmcurate.core.config_io import ConfigError, add_overrides
+from mmcurate.core.config_io import (
+    ConfigError,
+    add_overrides,
+    add_storage_options,
+    parse_storage_options,
+)
 from mmcurate.core.spill import SpillError
 
 if TYPE_CHECKING:
@@ -55,9 +60,7 @@ def parser() -> argparse.ArgumentParser:
     probe.add_argument("args", nargs=argparse.REMAINDER)
     report = sub.add_parser("report", help="render <output>/report.html again")
     report.add_argument("output", help="a build's output folder (any fsspec URL)")
-    report.add_argument(
-        "--storage-options", default="{}", help="fsspec options as JSON (default: environment)"
-    )
+    add_storage_options(report)
     for name, (_, text) in OWN_PARSER_COMMANDS.items():
         sub.add_parser(name, help=text).add_argument("args", nargs=argparse.REMAINDER)
     demo = sub.add_parser("demo", help="the embedded end-to-end demo (no network, no GPU)")
@@ -124,12 +127,7 @@ def report_command(output: str, storage_options: str) -> int:
     from mmcurate.core.redaction import redact_text
     from mmcurate.pipeline.report.page import render_report
 
-    try:
-        options = json.loads(storage_options)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--storage-options: not JSON: {err.msg} (char {err.pos})") from None
-    if not isinstance(options, dict):
-        raise ConfigError('--storage-options: expected a JSON object such as {"anon": true}')
+    options = parse_storage_options(storage_options)
     try:
         print(render_report(output, options))
     except FileNotFoundError as err:

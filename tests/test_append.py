@@ -105,3 +105,40 @@ def urls_of(path: Path) -> list[str]:
     import pyarrow.parquet as pq
 
     return pq.read_table(path)["url"].to_pylist()
+
+
+def test_an_append_never_brings_back_what_a_remove_took_out(two_lists, tmp_path):
+    """List two holds a byte copy of list one's #2 under another URL: once a remove took #2
+    out, the copy is left out of the append too (audit.jsonl's content hashes), and counted."""
+    site, (_, two), out = two_lists
+    takedown = tmp_path / "takedown.txt"
+    takedown.write_text(f"{site.base}/a/2.jpg\n")
+    assert cli_main(["remove", str(out), "--urls", str(takedown)]) == 0
+    manifest = append(str(out), source(two), {})
+    urls = set(kept_urls(out).values())
+    assert f"{site.base}/a/2.jpg" not in urls and f"{site.base}/b/copy-2.jpg" not in urls
+    assert f"{site.base}/b/12.jpg" in urls  # the rest of list two still arrives
+    assert manifest["maintenance"][-1]["taken_down"] == 1
+    assert_manifest_matches(out)
+
+
+def test_remove_and_append_never_run_over_each_others_unfinished_work(two_lists, tmp_path, capsys):
+    """An unfinished append (its `_grow/op.json`) stops a remove, and an unfinished remove (its
+    `_work/remove/plan.json`) stops an append and a retry: each rewrites what the other reads.
+    One line, exit 2, naming the command to run again."""
+    site, (_, two), out = two_lists
+    listed = tmp_path / "urls.txt"
+    listed.write_text(f"{site.base}/a/3.jpg\n")
+    (out / "_grow").mkdir()
+    (out / "_grow" / "op.json").write_text('{"op": "x", "command": "append"}')
+    assert cli_main(["remove", str(out), "--urls", str(listed)]) == 2
+    assert "unfinished `mmcurate append`" in capsys.readouterr().err
+    (out / "_grow" / "op.json").unlink()
+    (out / "_grow").rmdir()
+    (out / "_work" / "remove").mkdir(parents=True)
+    (out / "_work" / "remove" / "plan.json").write_text('{"plan": 1}')
+    config = tmp_path / "more.yaml"
+    config.write_text(yaml.safe_dump({"source": source(two)}))
+    assert cli_main(["append", str(out), str(config)]) == 2
+    assert cli_main(["retry", str(out)]) == 2
+    assert capsys.readouterr().err.count("unfinished `mmcurate remove`") == 2

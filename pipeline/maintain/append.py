@@ -13,7 +13,14 @@ import argparse
 import json
 from typing import Any
 
-from mmcurate.core.config_io import ConfigError, add_overrides, load_yaml, validate
+from mmcurate.core.config_io import (
+    ConfigError,
+    add_overrides,
+    add_storage_options,
+    load_yaml,
+    parse_storage_options,
+    validate,
+)
 from mmcurate.pipeline.config import SourceConfig
 from mmcurate.pipeline.maintain.grow_merge import read_published
 from mmcurate.pipeline.maintain.grow_run import run_grow
@@ -21,7 +28,6 @@ from mmcurate.pipeline.maintain.grow_state import (
     Finished,
     finished_build,
     new_record,
-    parse_storage_options,
     records,
     resumed_op,
     start_op,
@@ -34,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="a finished build's folder (output.path), any fsspec URL")
     p.add_argument("config", help="YAML holding `source:` (the new input) only")
     add_overrides(p, "source.path=more.parquet")
-    p.add_argument("--storage-options", default="{}", help="fsspec options as JSON")
+    add_storage_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     return p
 
@@ -48,7 +54,7 @@ def main(argv: list[str]) -> int:
         return 0
     source = new_source(load_yaml(args.config, args.overrides))
     options = parse_storage_options(args.storage_options)
-    before = records(finished_build(args.output, options).manifest)
+    before = records(finished_build(args.output, options, "append").manifest)
     manifest = append(args.output, source, options, not args.no_progress)
     print(json.dumps(new_record(manifest, before)))
     return 0
@@ -70,7 +76,7 @@ def append(
     output: str, source: dict[str, Any], options: dict[str, Any], progress: bool = False
 ) -> dict[str, Any]:
     """Append `source` (a source config mapping) to the build at `output`; its manifest."""
-    build = finished_build(output, options)
+    build = finished_build(output, options, "append")
     op = resumed_op(build, "append", source)
     if op is None:
         op = start_op(build, "append", source, numbered_parts(build, source))

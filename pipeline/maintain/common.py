@@ -1,9 +1,8 @@
-"""What the commands on a finished build share: their `--storage-options`, and the finished
-build they act on (its manifest, read and checked, with no build running there)."""
+"""What the commands on a finished build share: the finished build they act on (its
+manifest, read and checked, with no build and no other command unfinished there)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -13,24 +12,10 @@ from mmcurate.core.redaction import redact_text
 from mmcurate.core.storage import filesystem, join, with_retries
 from mmcurate.pipeline.output.existing import read_json
 from mmcurate.pipeline.output.publish import MANIFEST, ours_manifest
-from mmcurate.pipeline.output.work_names import BUILD_FILE, WORK_DIR
+from mmcurate.pipeline.output.work_names import BUILD_FILE, REMOVE, WORK_DIR, remove_file
 
-
-def add_storage_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--storage-options", default="{}", help="fsspec options as JSON (default: environment)"
-    )
-
-
-def storage_options(text: str) -> dict[str, Any]:
-    """`--storage-options` parsed: a JSON object, else a one-line ConfigError."""
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--storage-options: not JSON: {err.msg} (char {err.pos})") from None
-    if not isinstance(options, dict):
-        raise ConfigError('--storage-options: expected a JSON object such as {"anon": true}')
-    return options
+GROW_DIR = "_grow"  # `mmcurate retry` and `append`: their scratch (pipeline/maintain/grow_*.py)
+GROW_OP = "op.json"  # what the unfinished operation was asked
 
 
 @dataclass(frozen=True)
@@ -51,9 +36,10 @@ class FinishedBuild:
         return join(self.root, WORK_DIR, rel)
 
 
-def finished_build(url: str, options: dict[str, Any]) -> FinishedBuild:
+def finished_build(url: str, options: dict[str, Any], command: str) -> FinishedBuild:
     """The build at `url`; a ConfigError (one line) for a folder without a finished mmcurate
-    build, or one where a build (or another command holding its claim) is unfinished."""
+    build, or one where a build or another command than `command` (remove | retry | append)
+    is unfinished: each rewrites what the other reads."""
     try:
         fs, root = filesystem(url, options)
         fs.invalidate_cache(root)
@@ -73,4 +59,22 @@ def finished_build(url: str, options: dict[str, Any]) -> FinishedBuild:
             f"{redact_text(url)}: a build is unfinished there ({WORK_DIR}/{BUILD_FILE}); "
             "finish it (run it again) first"
         )
+    check_no_other_command(fs, root, url, command)
     return FinishedBuild(url, options, fs, root, manifest, blob)
+
+
+def check_no_other_command(fs: Any, root: str, url: str, command: str) -> None:
+    """ConfigError when an unfinished remove (for retry/append) or retry/append (for remove)
+    holds the folder: run that one again to finish it first."""
+    op = read_json(fs, join(root, GROW_DIR, GROW_OP)) if command == "remove" else None
+    if isinstance(op, dict):
+        other = f"mmcurate {op.get('command', 'retry')}"
+        where = f"{GROW_DIR}/{GROW_OP}"
+    elif command != "remove" and read_json(fs, join(root, WORK_DIR, remove_file("plan.json"))):
+        other, where = "mmcurate remove", f"{WORK_DIR}/{REMOVE}/"
+    else:
+        return
+    raise ConfigError(
+        f"{redact_text(url)}: an unfinished `{other}` is there ({where}); run it again to "
+        "finish it first"
+    )

@@ -34,6 +34,7 @@ from mmcurate.pipeline.maintain.grow_merge import (
 from mmcurate.pipeline.maintain.grow_publish import apply_plan, stage_signatures
 from mmcurate.pipeline.maintain.grow_shards import new_shard_specs, shard_schema
 from mmcurate.pipeline.maintain.grow_state import Finished, committed, sub_config
+from mmcurate.pipeline.maintain.takedowns import removed_hashes, without_taken_down
 from mmcurate.pipeline.output.existing import read_json
 from mmcurate.pipeline.output.groups import read_small_parquets
 from mmcurate.pipeline.output.resume import build_identity, claim_output
@@ -94,6 +95,8 @@ def make_plan(
 ) -> dict[str, Any]:
     """Decide over old and new rows, stage the signatures, write the plan (last)."""
     merge = build.grow_url("merge")
+    fetched = new.num_rows
+    new, taken_down = without_taken_down(new, removed_hashes(build.url, build.storage_options))
     old = read_published(build.url, build.storage_options)
     union = undecided(union_table(old, new, op["command"]), stages)
     decided = decide_union(union, stages, merge, build.storage_options)
@@ -116,7 +119,8 @@ def make_plan(
         "signature_files": count,
         "stats": stats,
         "record": {
-            "fetched": new.num_rows,
+            "fetched": fetched,
+            "taken_down": taken_down,  # new samples a remove had taken out: left out
             "added": len(fresh),
             "dropped_from_shards": sum(len(v) for v in rewrite.values()),
             "not_restored": not_restored,

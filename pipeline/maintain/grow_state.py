@@ -18,28 +18,17 @@ from typing import Any
 from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.config_io import ConfigError, validate
 from mmcurate.core.redaction import redact_text
-from mmcurate.core.storage import filesystem, join, with_retries
+from mmcurate.core.storage import filesystem, join
 from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.maintain import common
+from mmcurate.pipeline.maintain.common import GROW_DIR
+from mmcurate.pipeline.maintain.common import GROW_OP as OP_FILE
 from mmcurate.pipeline.output.existing import read_json
-from mmcurate.pipeline.output.publish import MANIFEST, ours_manifest
-from mmcurate.pipeline.output.work_names import BUILD_FILE, WORK_DIR
+from mmcurate.pipeline.output.publish import MANIFEST
 
-GROW_DIR = "_grow"
-OP_FILE = "op.json"
 # Global stages whose decisions read columns a finished build does not publish (thumbnails,
 # embeddings): their decisions over old and new rows together are not supported yet.
 UNSUPPORTED_GLOBAL = ("near_dedupe", "semantic_dedupe")
-
-
-def parse_storage_options(text: str) -> dict[str, Any]:
-    """`--storage-options` parsed: a JSON object, else a one-line ConfigError."""
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--storage-options: not JSON: {err.msg} (char {err.pos})") from None
-    if not isinstance(options, dict):
-        raise ConfigError('--storage-options: expected a JSON object such as {"anon": true}')
-    return options
 
 
 @dataclass(frozen=True)
@@ -55,30 +44,17 @@ class Finished:
         return join(self.url, GROW_DIR, *names)
 
 
-def finished_build(url: str, options: dict[str, Any]) -> Finished:
+def finished_build(url: str, options: dict[str, Any], command: str = "retry") -> Finished:
     """The build at `url` and its recorded config (storage options: the command's); a
     ConfigError (one line) for a folder without a finished build or one it cannot grow."""
-    try:
-        fs, root = filesystem(url, options)
-        fs.invalidate_cache(root)
-        blob = with_retries(lambda: fs.cat_file(join(root, MANIFEST)))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise ConfigError(f"{redact_text(url)}: no finished mmcurate build here") from None
-    except (ValueError, ImportError) as err:  # a bad URL or an unknown protocol
-        raise ConfigError(f"{redact_text(url)}: cannot open ({err})") from None
-    try:
-        manifest = ours_manifest(json.loads(blob))
-    except ValueError:
-        manifest = None
-    if manifest is None or not isinstance(manifest.get("config"), dict):
+    found = common.finished_build(url, options, command)
+    if not isinstance(found.manifest.get("config"), dict):
         raise ConfigError(f"{redact_text(url)}: {MANIFEST} is not an mmcurate build's manifest")
-    if read_json(fs, join(root, WORK_DIR, BUILD_FILE)) is not None:
-        raise ConfigError(f"{redact_text(url)}: a build is unfinished there; finish it first")
-    config = dict(manifest["config"]) | {"storage_options": options}
+    config = dict(found.manifest["config"]) | {"storage_options": options}
     config["output"] = dict(config["output"]) | {"path": url, "overwrite": False}
     cfg = validate(BuildConfig, config)
     check_growable(cfg)
-    return Finished(url, options, manifest, cfg)
+    return Finished(url, options, found.manifest, cfg)
 
 
 def check_growable(cfg: BuildConfig) -> None:

@@ -17,13 +17,11 @@ import logging
 import sys
 from typing import Any
 
-from mmcurate.core.config_io import ConfigError
+from mmcurate.core.config_io import ConfigError, add_storage_options, parse_storage_options
 from mmcurate.core.redaction import redact_text
 from mmcurate.pipeline.maintain.common import (
     FinishedBuild,
-    add_storage_options,
     finished_build,
-    storage_options,
 )
 from mmcurate.pipeline.maintain.remove_plan import check_shards, make_plan, pending_plan
 from mmcurate.pipeline.maintain.remove_select import SELECTORS, Request, near_options, read_request
@@ -54,7 +52,7 @@ def main(argv: list[str]) -> int:
     kind = next(k for k in SELECTORS if getattr(args, k) is not None)
     try:
         summary = run_remove(
-            args.output, kind, getattr(args, kind), storage_options(args.storage_options)
+            args.output, kind, getattr(args, kind), parse_storage_options(args.storage_options)
         )
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -68,14 +66,14 @@ def run_remove(url: str, kind: str, source: str, options: dict[str, Any]) -> dic
     0 and nothing written when it names nothing the build holds)."""
     if kind not in SELECTORS:
         raise ConfigError(f"remove: unknown selector {kind!r} (one of {', '.join(SELECTORS)})")
-    build = finished_build(url, options)
+    build = finished_build(url, options, "remove")
     request = read_request(kind, source, near_options(build.manifest) if kind == "like" else None)
     if (staged := read_staged(build)) is not None:  # a remove was killed while swapping
         log.info("finishing an interrupted remove first")
         swap_all(build, staged["actions"])
         if staged.get("request") == request.record():  # this one: done as it would have been
             return staged["summary"] | unreadable(request)
-        build = finished_build(url, options)
+        build = finished_build(url, options, "remove")
     plan = resumable_plan(build, request)
     if plan is None:
         check_shards(build)

@@ -14,14 +14,13 @@ import json
 import logging
 from typing import Any
 
-from mmcurate.core.config_io import ConfigError
+from mmcurate.core.config_io import ConfigError, add_storage_options, parse_storage_options
 from mmcurate.pipeline.maintain.grow_merge import read_published
 from mmcurate.pipeline.maintain.grow_run import run_grow
 from mmcurate.pipeline.maintain.grow_state import (
     Finished,
     finished_build,
     new_record,
-    parse_storage_options,
     records,
     resumed_op,
     start_op,
@@ -36,7 +35,7 @@ RETRIED = ("host_paused",)  # besides the transient reasons: a paused host's sam
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmcurate retry", description=__doc__.splitlines()[0])
     p.add_argument("output", help="a finished build's folder (output.path), any fsspec URL")
-    p.add_argument("--storage-options", default="{}", help="fsspec options as JSON")
+    add_storage_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     return p
 
@@ -49,7 +48,7 @@ def main(argv: list[str]) -> int:
             raise ConfigError("mmcurate retry OUTPUT [--storage-options JSON]") from None
         return 0
     options = parse_storage_options(args.storage_options)
-    before = records(finished_build(args.output, options).manifest)
+    before = records(finished_build(args.output, options, "retry").manifest)
     manifest = retry(args.output, options, not args.no_progress)
     print(json.dumps(new_record(manifest, before)))
     return 0
@@ -57,7 +56,7 @@ def main(argv: list[str]) -> int:
 
 def retry(output: str, options: dict[str, Any], progress: bool = False) -> dict[str, Any]:
     """Retry the build at `output`; returns its manifest (untouched when nothing failed)."""
-    build = finished_build(output, options)
+    build = finished_build(output, options, "retry")
     op = resumed_op(build, "retry", None)
     if op is None:
         parts = failed_parts(build)
