@@ -6,6 +6,7 @@ lists; a kill -9 midway then a rerun gives the same result."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -142,3 +143,19 @@ def test_remove_and_append_never_run_over_each_others_unfinished_work(two_lists,
     assert cli_main(["append", str(out), str(config)]) == 2
     assert cli_main(["retry", str(out)]) == 2
     assert capsys.readouterr().err.count("unfinished `mmcurate remove`") == 2
+
+
+def test_a_build_that_publishes_embeddings_is_refused_in_one_line(two_lists, tmp_path, capsys):
+    """retry and append do not update embeddings/ yet: such a build is refused, not left with
+    embeddings out of step with its shards."""
+    _, (_, two), out = two_lists
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"] = [*manifest["files"], "embeddings/img_emb/img_emb_0000.npy"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = shard_bytes(out)
+    config = tmp_path / "more.yaml"
+    config.write_text(yaml.safe_dump({"source": source(two)}))
+    assert cli_main(["append", str(out), str(config)]) == 2
+    assert cli_main(["retry", str(out)]) == 2
+    assert capsys.readouterr().err.count("publishes embeddings/") == 2
+    assert shard_bytes(out) == before

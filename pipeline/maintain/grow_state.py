@@ -54,6 +54,12 @@ def finished_build(url: str, options: dict[str, Any], command: str = "retry") ->
     config["output"] = dict(config["output"]) | {"path": url, "overwrite": False}
     cfg = validate(BuildConfig, config)
     check_growable(cfg)
+    if any(str(name).startswith("embeddings/") for name in found.manifest.get("files") or ()):
+        # the new and the dropped samples' rows would be missing from or left in embeddings/
+        raise ConfigError(
+            f"{redact_text(url)}: this build publishes embeddings/ (clip_score): retry and "
+            "append do not update them yet; rebuild with the new input instead"
+        )
     return Finished(url, options, found.manifest, cfg)
 
 
