@@ -126,14 +126,19 @@ class PoolOptions(StageOptions):
 
     num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
     concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
     resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
         default_factory=dict, description="custom Ray resources per actor, e.g. {scoring: 1}"
     )
 
 
-class ModelOptions(PoolOptions):
+class TorchPoolOptions(PoolOptions):
+    """A pool stage whose model runs in torch: its precision and device."""
+
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class ModelOptions(TorchPoolOptions):
     """A pool stage whose model is an open_clip model and its pretrained weights."""
 
     model: str = "ViT-B-32"

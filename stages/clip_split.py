@@ -34,9 +34,8 @@ import importlib.util
 import os
 import time
 import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from mmcurate.core.config_io import checked_resources
 from mmcurate.core.formats import (
     FRAME_COLUMN,
     VIDEO_COLUMNS,
@@ -45,14 +44,14 @@ from mmcurate.core.formats import (
     sample_meta,
 )
 from mmcurate.core.spill import Media, Spilled, media_bytes, release, task_folder
-from mmcurate.stages.base import DROP, DROP_STAGE, Columns, ModelStage, StageOptions, register
+from mmcurate.stages.base import DROP, DROP_STAGE, Columns, ModelStage, PoolOptions, register
 from mmcurate.stages.lib.isolation import Isolated
 from mmcurate.stages.lib.transnet import clips_of_spans, split_shots
 from mmcurate.stages.lib.transnet_net import WEIGHTS
 from mmcurate.stages.lib.transnet_pool import TransNetScorer, pooled_spans, scan_to_file
 from mmcurate.stages.lib.video_child import PARENT, decoder_input, isolated_decode
 from mmcurate.stages.lib.video_split import CLIP_CONTAINER, header_seconds, split_video
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 TRANSNET_THRESHOLD = 0.5  # the reference implementation's
 # decoder time limits when `timeout_s` is unset: a base, plus seconds per second of video
@@ -63,7 +62,7 @@ TIMEOUT_PER_VIDEO_S = {"scenes": 2.0, "fixed": 2.0, "transnetv2": 3.0}
 CLIP_SLOTS = 100_000  # __index__ of clip i of the sample at index n: n * CLIP_SLOTS + i
 
 
-class ClipSplitOptions(StageOptions):
+class ClipSplitOptions(PoolOptions):  # transnetv2: the network's actor pool
     mode: Literal["scenes", "fixed", "transnetv2"] = "scenes"
     window_s: float = Field(10.0, gt=0, description="fixed: clip length")
     stride_s: float | None = Field(None, gt=0, description="fixed: start to start; None: window")
@@ -82,12 +81,6 @@ class ClipSplitOptions(StageOptions):
     )
     inline_clip_bytes: int = Field(
         16 << 20, ge=0, description="clips of a batch kept as bytes, in all; the rest: files"
-    )
-    # transnetv2: the network's actor pool, as clip_score's (pipeline/runtime/actors.py)
-    num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
-    concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
-    resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
-        default_factory=dict, description="custom Ray resources per actor"
     )
 
     @property

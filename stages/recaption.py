@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from mmcurate.core.config_io import ConfigError
 from mmcurate.core.formats import FRAME_COLUMN, meta_json, sample_meta, with_fields
-from mmcurate.stages.base import Columns, ModelStage, PoolOptions, media_column, register
+from mmcurate.stages.base import Columns, ModelStage, TorchPoolOptions, media_column, register
 from mmcurate.stages.lib.captioner import (
     Generation,
     RecaptionModel,
@@ -55,7 +55,7 @@ FILLS_BLANKS = ("best_score", "fill")  # modes that caption a sample that came w
 GENERATION_ERRORS = (RuntimeError, ValueError)  # a batch the model could not caption
 
 
-class RecaptionOptions(PoolOptions):
+class RecaptionOptions(TorchPoolOptions):
     model: str = Field(description="a local Hugging Face folder (BLIP-2 or image-to-text)")
     choose: Literal["best_score", "fill", "mix", "synthetic", "original"] = "best_score"
     mix: float = Field(0.8, gt=0, le=1, description="choose: mix: the synthetic share")

@@ -26,13 +26,13 @@ which runs the same `TextDetector.detect`; recognition stays in the task.
 from __future__ import annotations
 
 from functools import partial
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from mmcurate.core.config_io import ConfigError, checked_resources
+from mmcurate.core.config_io import ConfigError
 from mmcurate.core.formats import FRAME_COLUMN, IMAGE_COLUMNS, VIDEO_COLUMNS, meta_json, sample_meta
 from mmcurate.core.spill import Media
-from mmcurate.stages.base import Columns, ModelStage, StageOptions, media_column, register
+from mmcurate.stages.base import Columns, ModelStage, PoolOptions, media_column, register
 from mmcurate.stages.lib.pixels import DECODE_ERRORS, failure_reason, open_image, to_rgb, upright
 from mmcurate.stages.lib.text_detect import (
     DETECTOR_FILE,
@@ -48,13 +48,13 @@ from mmcurate.stages.lib.text_recognize import (
     reading_order,
 )
 from PIL import Image
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 HIGH_REASON = "text_area"
 LOW_REASON = "text_area_low"
 
 
-class TextAreaOptions(StageOptions):
+class TextAreaOptions(PoolOptions):  # the detector's actor pool
     max_area: float | None = Field(None, ge=0, le=1, description="drop above (text_area)")
     min_area: float | None = Field(None, ge=0, le=1, description="drop below (text_area_low)")
     batch_size: int = Field(1, ge=1, description="pictures per network run (CPU: 1 is best)")
@@ -72,12 +72,6 @@ class TextAreaOptions(StageOptions):
     timeout_s: float = Field(30.0, gt=0, description="per video decoded here")
     recognize: bool = Field(False, description="also recognise the text: text_lines")
     text_score: float = Field(0.5, ge=0, le=1, description="recognize: lines scored under it")
-    # the detector's actor pool, as clip_score's (pipeline/runtime/actors.py)
-    num_gpus: float | None = Field(None, ge=0, description="per actor; None: 1 if GPUs, else 0")
-    concurrency: int | None = Field(None, ge=1, description="actors; None: GPUs / num_gpus")
-    resources: Annotated[dict[str, float], AfterValidator(checked_resources)] = Field(
-        default_factory=dict, description="custom Ray resources per actor"
-    )
 
     @property
     def model(self) -> str:  # what the pool's actors are started with (start_pool)

@@ -81,7 +81,7 @@ def test_killed_driver_reruns_to_the_same_manifest(ray_session, folder, tmp_path
     clean = run_build(BuildConfig.model_validate(spec(folder, tmp_path / "clean")), False)
     assert clean["samples"] >= 2 * len(SHOTS)  # every video was cut into its two shots
     out = tmp_path / "out"
-    kill_build_after(spec(folder, out), out, partitions=2, timeout_s=300)
+    kill_build_after(spec(folder, out), out, partitions=2)
 
     resumed = run_build(BuildConfig.model_validate(spec(folder, out)), False)
     assert resumed["shards"] == clean["shards"]  # same samples, bytes and digests
