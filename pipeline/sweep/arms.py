@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from mmcurate.core.formats import MANIFEST_FORMAT
 from mmcurate.pipeline.sweep.config import Arm
+from mmcurate.stages.lib.decisions import top_count
 
 Row = tuple[str, float | None]  # (key, clip_score) of a sample the scoring build kept
 
@@ -39,7 +40,7 @@ def top_fraction(rows: list[Row], fraction: float) -> set[str]:
     (the build's rule, stages/lib/top_fraction.py; scores compared as the float32 the
     signatures hold)."""
     scored = [(key, score) for key, score in rows if score is not None]
-    need = math.ceil(fraction * len(scored))
+    need = top_count(fraction, len(scored))  # not math.ceil: 0.55 x 2940 = 1617.0000000000002
     order = sorted(scored, key=lambda row: (-row[1], row[0]))
     return {key for key, _ in order[:need]}
 
