@@ -37,7 +37,7 @@ from mmcurate.stages.lib.faces import (  # noqa: E402
     detector_version,
 )
 
-from tests.test_face_blur import face_set, score  # noqa: E402
+from tests.kit_faces import face_set, score  # noqa: E402
 
 
 def plain_loop(name: str):

@@ -28,7 +28,7 @@ STRATEGIES = ("ddp", "fsdp", "zero")
 sys.path.insert(0, str(REPO))
 
 from bench.memwatch import PeakMemory  # noqa: E402
-from tests.test_loader import write_uneven_shards  # noqa: E402
+from tests.kit_shards import write_uneven_shards  # noqa: E402
 
 
 def one_run(folder: Path, manifest: Path, strategy: str, args: argparse.Namespace) -> dict:

@@ -106,7 +106,7 @@ def train_run(args: argparse.Namespace, batch: int, device: torch.device) -> dic
 
 
 def tiny_shards(folder: Path) -> None:
-    from tests.test_loader import write_uneven_shards
+    from tests.kit_shards import write_uneven_shards
 
     write_uneven_shards(folder, sizes=(32, 32))
     (folder / "manifest.json").unlink()  # write_manifest makes it again

@@ -232,7 +232,7 @@ def check(n: int, work: Path) -> None:
     from mmcurate.pipeline.output.groups import Groups, plan_groups, read_fate, scan_partitions
     from mmcurate.stages.registry import build_stages
 
-    from tests.test_decide import oracle  # the phase B before issue 19, kept as the oracle
+    from tests.kit_decide import oracle  # the phase B before issue 19, kept as the oracle
 
     if work.exists():
         shutil.rmtree(work)

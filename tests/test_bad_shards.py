@@ -27,7 +27,8 @@ from mmcurate.trainer.data.plan import WeightedManifest, epoch_pieces
 from mmcurate.trainer.models import build_model
 from mmcurate.trainer.train import train
 
-from tests.test_loader import REPO, printed_summaries, run_torchrun, write_uneven_shards
+from tests.kit_shards import write_uneven_shards
+from tests.test_loader import REPO, printed_summaries, run_torchrun
 
 SIZES = (40, 24, 56)  # 120 samples: 7 batches of 16 (8 left over)
 SEED = 4

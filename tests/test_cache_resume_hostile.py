@@ -30,7 +30,7 @@ from mmcurate.trainer.data.manifest import read_manifest
 from mmcurate.trainer.data.reader import ShardReader
 from mmcurate.trainer.train import train
 
-from tests.test_loader import write_uneven_shards
+from tests.kit_shards import write_uneven_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 

@@ -22,8 +22,9 @@ from mmcurate.trainer.config import HealthConfig, TrainConfig
 from mmcurate.trainer.health.checks import FAULTS_ENV, LossWatch
 from mmcurate.trainer.train import train
 
+from tests.kit_shards import write_uneven_shards
 from tests.test_alerts import FIELDS, Webhook
-from tests.test_loader import REPO, logged_steps, printed_summaries, write_uneven_shards
+from tests.test_loader import REPO, logged_steps, printed_summaries
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -28,7 +28,8 @@ from mmcurate.trainer.data.reader import ShardReader
 from mmcurate.trainer.models import build_model
 from PIL import Image
 
-from tests.test_loader import REPO, write_uneven_shards
+from tests.kit_shards import write_uneven_shards
+from tests.test_loader import REPO
 
 MiB = 1 << 20
 

@@ -16,7 +16,7 @@ from mmcurate.pipeline.cli import main
 from mmcurate.trainer.config import ProbeConfig, TrainConfig
 from mmcurate.trainer.probe.sizing import recommend, step_time
 
-from tests.test_loader import write_uneven_shards
+from tests.kit_shards import write_uneven_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

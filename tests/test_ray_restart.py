@@ -11,8 +11,9 @@ import pytest
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.health.checks import FAULTS_ENV
 
+from tests.kit_shards import write_uneven_shards
 from tests.test_alerts import Webhook
-from tests.test_loader import logged_steps, write_uneven_shards
+from tests.test_loader import logged_steps
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

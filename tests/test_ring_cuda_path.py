@@ -24,7 +24,7 @@ from mmcurate.trainer.train_data import (
     training_transport,
 )
 
-from tests.test_loader import write_uneven_shards
+from tests.kit_shards import write_uneven_shards
 
 SIZES = (5, 11, 16)  # 32 samples: 8 batches of 4 on one rank
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.kit_shards import write_uneven_shards
 from tests.test_fsdp import torchrun
-from tests.test_loader import logged_steps, write_uneven_shards
+from tests.test_loader import logged_steps
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

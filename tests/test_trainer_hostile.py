@@ -13,7 +13,8 @@ import pytest
 import yaml
 from mmcurate.trainer.cli import main
 
-from tests.test_loader import REPO, write_uneven_shards
+from tests.kit_shards import write_uneven_shards
+from tests.test_loader import REPO
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

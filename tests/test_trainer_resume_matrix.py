@@ -22,7 +22,8 @@ from mmcurate.trainer.dist.world import Dist
 from mmcurate.trainer.resume import previous_checkpoint
 from mmcurate.trainer.train import train
 
-from tests.test_loader import REPO, write_uneven_shards
+from tests.kit_shards import write_uneven_shards
+from tests.test_loader import REPO
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CHILD = str(REPO / "tests" / "trainer_resume_child.py")
