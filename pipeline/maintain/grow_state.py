@@ -21,8 +21,7 @@ from mmcurate.core.redaction import redact_text
 from mmcurate.core.storage import filesystem, join
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.maintain import common
-from mmcurate.pipeline.maintain.common import GROW_DIR
-from mmcurate.pipeline.maintain.common import GROW_OP as OP_FILE
+from mmcurate.pipeline.maintain.common import GROW_DIR, GROW_OP
 from mmcurate.pipeline.output.existing import read_json
 from mmcurate.pipeline.output.publish import MANIFEST
 
@@ -86,7 +85,7 @@ def sub_config(build: Finished, source: dict[str, Any] | None = None) -> BuildCo
 
 
 def read_op(build: Finished) -> dict[str, Any] | None:
-    fs, path = filesystem(build.grow_url(OP_FILE), build.storage_options)
+    fs, path = filesystem(build.grow_url(GROW_OP), build.storage_options)
     found = read_json(fs, path)
     return found if isinstance(found, dict) and "op" in found else None
 
@@ -94,7 +93,7 @@ def read_op(build: Finished) -> dict[str, Any] | None:
 def start_op(build: Finished, command: str, asked: Any, parts: list[dict]) -> dict[str, Any]:
     """The operation's record, written before any of its work (a rerun resumes it)."""
     op = {"op": uuid.uuid4().hex, "command": command, "asked": asked, "parts": parts}
-    fs, path = filesystem(build.grow_url(OP_FILE), build.storage_options)
+    fs, path = filesystem(build.grow_url(GROW_OP), build.storage_options)
     write_bytes_atomic(fs, path, json.dumps(op).encode())
     return op
 
@@ -107,7 +106,7 @@ def resumed_op(build: Finished, command: str, asked: Any) -> dict[str, Any] | No
     if op["command"] != command or op["asked"] != asked:
         raise ConfigError(
             f"{redact_text(build.url)}: an unfinished `mmcurate {op['command']}` is there "
-            f"({GROW_DIR}/{OP_FILE}); run that command again to finish it first"
+            f"({GROW_DIR}/{GROW_OP}); run that command again to finish it first"
         )
     return op
 

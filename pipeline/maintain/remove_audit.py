@@ -10,7 +10,7 @@ from typing import Any
 
 from mmcurate.core.storage import with_retries
 from mmcurate.pipeline.maintain.common import FinishedBuild
-from mmcurate.pipeline.output.buckets_file import group_sums
+from mmcurate.pipeline.output.buckets_file import bucket_figures, group_sums
 
 AUDIT = "audit.jsonl"
 STAGE = "remove"
@@ -70,29 +70,12 @@ def buckets_after(
         old = json.loads(with_retries(lambda: build.fs.cat_file(build.path("buckets.json"))))
     except FileNotFoundError:
         return None
-    total: dict[str, list[float]] = {}
-    for rel, changed in groups:
-        group = int(rel.rsplit("-", 1)[1].removesuffix(".parquet"))
-        for name, (count, errors, worst, shares) in group_sums(
-            staged if changed else build.url, build.storage_options, group
-        ).items():
-            entry = total.setdefault(name, [0, 0.0, 0.0, 0.0])
-            entry[0] += count
-            entry[1] += errors
-            entry[2] = max(entry[2], worst)
-            entry[3] += shares
-    samples = int(sum(e[0] for e in total.values()))
-
-    def mean(at: int) -> float | None:
-        return round(sum(e[at] for e in total.values()) / samples, 6) if samples else None
-
-    counts = {name: int(total.get(name, [0])[0]) for name in old.get("counts", {})}
-    counts |= {name: int(e[0]) for name, e in total.items()}
-    worst = round(max(e[2] for e in total.values()), 6) if samples else None
-    return old | {
-        "counts": counts,
-        "samples": samples,
-        "mean_aspect_error": mean(1),
-        "max_aspect_error": worst,
-        "mean_crop_share": mean(3),
-    }
+    sums = [
+        group_sums(
+            staged if changed else build.url,
+            build.storage_options,
+            int(rel.rsplit("-", 1)[1].removesuffix(".parquet")),
+        )
+        for rel, changed in groups
+    ]
+    return old | bucket_figures(list(old.get("counts", {})), sums)

@@ -55,6 +55,18 @@ def buckets_document(stage: Any, sums: list[dict[str, list[float]]]) -> dict[str
     from mmcurate.stages.lib.buckets import bucket_name
 
     names = [bucket_name(b) for b in stage.options.bucket_list()]
+    return {
+        "format": BUCKETS_FORMAT,
+        "stage": stage.label,
+        **stage.options.describe(),
+        "buckets": names,
+        **bucket_figures(names, sums),
+    }
+
+
+def bucket_figures(names: list[str], sums: list[dict[str, list[float]]]) -> dict[str, Any]:
+    """counts (every bucket of `names`, zeros too, then any other bucket seen), samples and the
+    aspect-error and crop figures, from the groups' sums (`group_sums`)."""
     total: dict[str, list[float]] = {name: [0, 0.0, 0.0, 0.0] for name in names}
     for part in sums:
         for name, (count, errors, worst, shares) in part.items():
@@ -69,10 +81,6 @@ def buckets_document(stage: Any, sums: list[dict[str, list[float]]]) -> dict[str
         return round(sum(e[at] for e in total.values()) / samples, 6) if samples else None
 
     return {
-        "format": BUCKETS_FORMAT,
-        "stage": stage.label,
-        **stage.options.describe(),
-        "buckets": names,
         "counts": {name: int(entry[0]) for name, entry in total.items()},
         "samples": samples,
         "mean_aspect_error": mean(1),
