@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# Debian's Chromium + ChromeDriver render the demo report in tests/test_demo.py.
+# Debian's Chromium + ChromeDriver render the demo report in tests/project/test_demo.py.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 INSTALL_CHROMIUM := ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null) \
 	|| echo "warning: could not install chromium chromium-driver; the report browser test will fail"
@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || $(INSTALL_CHROMIUM)
 	command -v strace >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq strace >/dev/null) \
-		|| echo "warning: could not install strace; tests/test_no_cloud_probe.py will fail"
+		|| echo "warning: could not install strace; tests/project/test_no_cloud_probe.py will fail"
 	touch $(STAMP)
 
 demo: install

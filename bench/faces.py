@@ -1,6 +1,6 @@
 """face_blur's detector against a plain detector loop on the same composited real faces.
 
-The set (tests/test_face_blur.py): crops of scikit-image's faceless photos and textures, long
+The set (tests/stages/test_face_blur.py): crops of scikit-image's faceless photos and textures, long
 side 400-900 px, with 0-3 real faces each (the astronaut, mirrored, and 100 LFW faces) pasted
 at several sizes, tilts up to 10 degrees and lighting 0.6-1.3x. Both sides see the same
 decoded grey pictures, one OpenCV thread each:

@@ -16,7 +16,7 @@ thread, one picture per run, timed around the detector call alone (CPU seconds o
 `--recognize`: detection + recognition as `text_area` with `recognize: true` runs it (boxes
 in reading order, crops, PP-OCRv4 recogniser, CTC greedy) against rapidocr's own full call
 (`RapidOCR()(picture)`: detection, angle classifier, recognition), one thread each, on real
-photos with rendered lines (tests/test_text_area.py: rendered_lines, text_cases). Same text:
+photos with rendered lines (tests/video/test_text_area.py: rendered_lines, text_cases). Same text:
 the lines' texts of a picture (spaces removed) as multisets; CPU seconds of the whole call.
 """
 

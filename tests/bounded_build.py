@@ -1,4 +1,4 @@
-"""Peak memory of builds, measured in a fresh process (tests/test_bounded_memory.py).
+"""Peak memory of builds, measured in a fresh process (tests/builds/test_bounded_memory.py).
 
 `python tests/bounded_build.py SPEC.json` reads {"warm": config, "build": config}: runs the
 warm build first (the local pool's worker forks and imports everything a task needs), takes

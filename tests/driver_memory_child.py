@@ -2,7 +2,7 @@
 
 `python tests/driver_memory_child.py plan LIST [WARM]` plans a URL list (plan_urls, 10,000 rows a
 partition); `... report FOLDER` renders FOLDER's report. Idle is measured after the imports,
-so the figure is what the step itself holds. Used by tests/test_driver_memory.py and by hand:
+so the figure is what the step itself holds. Used by tests/builds/test_driver_memory.py and by hand:
 see its docstring for the figures.
 """
 

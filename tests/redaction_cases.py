@@ -1,6 +1,6 @@
 """Credential options of fsspec backends (s3fs, gcsfs, adlfs, sftp, ssh, ftp, http, hf,
 webhdfs, hdfs, oss, dropbox, github, smb, gdrive, box, lakefs, oci, dbfs, webdav) for
-tests/test_redaction.py: each with its secrets and the values that must stay readable."""
+tests/stages/test_redaction.py: each with its secrets and the values that must stay readable."""
 
 PEM = (
     "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEAzq3pemSECRETpemBODY0001\n"

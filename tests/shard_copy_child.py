@@ -1,4 +1,4 @@
-"""Child of tests/test_storage_peak.py: writes a candidate of one big member to S3 through
+"""Child of tests/core/test_storage_peak.py: writes a candidate of one big member to S3 through
 open_atomic (streamed), then a shard of it through write_shard, and prints the peak PSS of its
 process tree above idle for each, as JSON. argv: storage options (JSON), bucket, MiB."""
 

@@ -1,4 +1,4 @@
-"""Sampling the bytes a build keeps on its store while it runs (tests/test_storage_peak.py,
+"""Sampling the bytes a build keeps on its store while it runs (tests/core/test_storage_peak.py,
 bench/storage_peak.py): a thread lists the output folder over and over and keeps the largest
 total, so the figure is a lower bound of the true peak (a sample can fall between two writes)."""
 

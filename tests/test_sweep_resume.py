@@ -14,8 +14,8 @@ import yaml
 from mmcurate.pipeline.sweep.config import load_sweep_config
 from mmcurate.pipeline.sweep.run import sweep
 
+from tests.builds.test_faults import wait_for
 from tests.kit_sweep import make_sweep_data, sweep_tree
-from tests.test_faults import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

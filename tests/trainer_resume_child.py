@@ -1,5 +1,5 @@
 """Checkpoints of every strategy resumed under every strategy, for
-tests/test_trainer_resume_matrix.py. Run as `python tests/trainer_resume_child.py STEPS OUT
+tests/trainer/test_trainer_resume_matrix.py. Run as `python tests/trainer_resume_child.py STEPS OUT
 MANIFEST` on one process (no process group) or under torchrun on several ranks; STEPS is
 `write`, `read` or `write,read`.
 

@@ -1,4 +1,4 @@
-"""Child of tests/test_video_by_path.py: runs one video stage on a small MP4 (warm-up and
+"""Child of tests/video/test_video_by_path.py: runs one video stage on a small MP4 (warm-up and
 reference), measures idle, then runs it on the same MP4 padded with a big `free` box and
 prints, as JSON, the peak PSS of the whole process tree (the decoder child included) above
 idle and whether the results equal the small file's.

@@ -5,7 +5,7 @@ download: open_clip's default SimpleTokenizer ships its BPE vocabulary inside th
 Multilingual models with a Hugging Face text tower and tokenizer load from a local folder as
 open_clip's `local-dir:/path` names (docs/configuration.md): open_clip reads the tokenizer
 files from that folder and the text model from `text_cfg.hf_model_name`, with no hub access;
-tests/test_multilingual.py trains one.
+tests/stages/test_multilingual.py trains one.
 """
 
 from __future__ import annotations

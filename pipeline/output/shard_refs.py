@@ -5,7 +5,7 @@ payloads; its record in a shard is rebuilt in member order: its own bytes up to 
 reference's place (`at`), then the member's header (made for the sample's own key exactly as
 the tar writer makes it), the payload copied by ranged read from the candidate holding it,
 and the padding; then the rest of its own bytes. So the shard is byte for byte what it was
-when every payload was written in place (tests/test_storage_peak.py).
+when every payload was written in place (tests/core/test_storage_peak.py).
 
 Which partitions refer to which is in their done markers (`referring`): a candidate that a
 later shard reads through a reference is retired only after that shard (pipeline/output/retire.py).

@@ -5,7 +5,7 @@ as pipeline/sources/staging.py does for a URL list's staged copy (sources come b
 `WORK_NAMES`, the pattern by which a rerun recognises a `_work/` folder as nothing but a
 build's scratch (pipeline/output/existing.py), is made from the same table. A scratch file
 spelled elsewhere would miss the pattern and make a rerun refuse its own folder:
-tests/test_work_names.py checks that every name these functions give matches it.
+tests/builds/test_work_names.py checks that every name these functions give matches it.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ except ImportError:  # no wheel for this platform
 
 log = logging.getLogger(__name__)
 
-CHECKED_PILLOW_MAJORS = (11, 12, 13)  # each run against tests/test_fast_resize.py's checks
+CHECKED_PILLOW_MAJORS = (11, 12, 13)  # each run against tests/core/test_fast_resize.py's checks
 FAST_FILTERS = {Image.Resampling.BOX: "box", Image.Resampling.BILINEAR: "bilinear"}
 MAX_CHECK_DIFFERENCE = 2  # levels, on the test image
 _OPTIONS = (

@@ -23,7 +23,7 @@ The text's area (`Found.lines`) is measured on the same kernels grown by `area_u
 (1.4) instead: rapidocr's 1.6 leaves a margin of about 0.05 line heights above and below the
 ink, which on a picture half covered by text adds ~0.04 to its share; word boxes on one line
 are then joined across their spaces (`joined_lines`), as a line's box holds its spaces.
-Measured on rendered lines over photos (tests/test_text_area.py).
+Measured on rendered lines over photos (tests/video/test_text_area.py).
 """
 
 from __future__ import annotations
