@@ -25,6 +25,7 @@ from mmcurate.core.storage import check_reachable
 from mmcurate.pipeline.build_run import BuildRun
 from mmcurate.pipeline.config import BuildConfig, check_paths, check_ray_resources
 from mmcurate.pipeline.decide.phase_b import decide
+from mmcurate.pipeline.output.claim import AlreadyBuilt, build_identity, claim_output
 from mmcurate.pipeline.output.groups import (
     BYTES_PER_GROUP,
     ROWS_PER_GROUP,
@@ -33,7 +34,6 @@ from mmcurate.pipeline.output.groups import (
     scan_footers,
 )
 from mmcurate.pipeline.output.publish import Publication
-from mmcurate.pipeline.output.resume import AlreadyBuilt, build_identity, claim_output
 from mmcurate.pipeline.output.stats import build_stats, merge_counts
 from mmcurate.pipeline.phase_a import phase_a
 from mmcurate.pipeline.phase_c import commit, phase_c

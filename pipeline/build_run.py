@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmcurate.pipeline.config import BuildConfig
-from mmcurate.pipeline.output.resume import Claim
+from mmcurate.pipeline.output.claim import Claim
 from mmcurate.pipeline.runtime.session import Runtime
 from mmcurate.stages.base import Stage
 

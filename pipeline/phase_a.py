@@ -17,6 +17,7 @@ from mmcurate.core.storage import join
 from mmcurate.pipeline.build_run import BuildRun
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.output.candidates import ClaimLost, noted, run_chain, write_candidate
+from mmcurate.pipeline.output.claim import Claim
 from mmcurate.pipeline.output.groups import signatures_name
 from mmcurate.pipeline.output.markers import done_parts, mark, part_marker
 from mmcurate.pipeline.output.media_index import (
@@ -26,11 +27,10 @@ from mmcurate.pipeline.output.media_index import (
     partition_done,
     start_run_index,
 )
-from mmcurate.pipeline.output.resume import Claim
+from mmcurate.pipeline.output.names import CANDIDATES, SIGNATURES
 from mmcurate.pipeline.output.shard_metadata import candidate_metadata, metadata_name
 from mmcurate.pipeline.output.shards import candidate_name
 from mmcurate.pipeline.output.signatures import signature_table
-from mmcurate.pipeline.output.work_names import CANDIDATES, SIGNATURES
 from mmcurate.pipeline.runtime.actors import RemoteEncoder, start_pools, stop_pools
 from mmcurate.pipeline.sources.partitions import read_chunks
 from mmcurate.pipeline.sources.samples import Reading

@@ -18,18 +18,12 @@ from mmcurate.core.storage import filesystem, join
 from mmcurate.pipeline.build_run import BuildRun
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.output.buckets_file import write_buckets_file
+from mmcurate.pipeline.output.claim import Claim, drop_work, final_files, record_files
 from mmcurate.pipeline.output.groups import Groups
 from mmcurate.pipeline.output.layout import kept_starts, kept_tables, plan_layout, spans_spec
 from mmcurate.pipeline.output.markers import done_shards, mark, shard_marker
-from mmcurate.pipeline.output.publish import (
-    MANIFEST,
-    Publication,
-    output_files,
-    publish,
-    shard_files,
-    wids_index,
-)
-from mmcurate.pipeline.output.resume import Claim, drop_work, final_files, record_files
+from mmcurate.pipeline.output.names import MANIFEST, output_files, shard_files
+from mmcurate.pipeline.output.publish import Publication, publish, wids_index
 from mmcurate.pipeline.output.retire import shard_written, start_retiring
 from mmcurate.pipeline.output.shard_metadata import plan_shard_schema
 from mmcurate.pipeline.output.shard_refs import referring_parts, with_refs

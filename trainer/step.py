@@ -21,7 +21,7 @@ from mmcurate.trainer.dist.fsdp import average_replicated_grads, is_fsdp, shard_
 from mmcurate.trainer.dist.fsdp import gradient_norm as sharded_gradient_norm
 from mmcurate.trainer.dist.world import Dist
 from mmcurate.trainer.models import build_model
-from mmcurate.trainer.precision import autocast  # noqa: F401  (re-exported: trainer.train names it)
+from mmcurate.trainer.precision import autocast
 from open_clip.loss import SigLipLoss
 from torch.nn.parallel import DistributedDataParallel
 

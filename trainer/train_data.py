@@ -1,6 +1,5 @@
 """How a training run gets its data: the sources (data.manifest and data.mix), the
-ShardDataset for this rank and its loader (moved here from trainer/train.py, which
-re-exports them)."""
+ShardDataset for this rank and its loader."""
 
 from __future__ import annotations
 

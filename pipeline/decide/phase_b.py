@@ -38,7 +38,7 @@ from mmcurate.pipeline.output.groups import (
     read_parquet,
     write_fate,
 )
-from mmcurate.pipeline.output.work_names import round_folder, round_name
+from mmcurate.pipeline.output.names import round_folder, round_name
 from mmcurate.stages.base import DROP, DROP_STAGE, Stage
 from mmcurate.stages.lib.decisions import REPEATED_KEYS, KeyedDecision, TopFraction
 from mmcurate.stages.registry import stage_order

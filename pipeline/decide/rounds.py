@@ -16,7 +16,7 @@ from mmcurate.pipeline.output.groups import (
     read_parquet,
     write_fate,
 )
-from mmcurate.pipeline.output.work_names import round_folder
+from mmcurate.pipeline.output.names import round_folder
 from mmcurate.stages.base import DROP, DROP_STAGE
 from mmcurate.stages.lib.decisions import split_by
 

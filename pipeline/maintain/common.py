@@ -11,11 +11,16 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.core.redaction import redact_text
 from mmcurate.core.storage import filesystem, join, with_retries
 from mmcurate.pipeline.output.existing import read_json
-from mmcurate.pipeline.output.publish import MANIFEST, ours_manifest
-from mmcurate.pipeline.output.work_names import BUILD_FILE, REMOVE, WORK_DIR, remove_file
-
-GROW_DIR = "_grow"  # `mmcurate retry` and `append`: their scratch (pipeline/maintain/grow_*.py)
-GROW_OP = "op.json"  # what the unfinished operation was asked
+from mmcurate.pipeline.output.names import (
+    BUILD_FILE,
+    GROW_DIR,
+    GROW_OP,
+    MANIFEST,
+    REMOVE,
+    WORK_DIR,
+    ours_manifest,
+    remove_file,
+)
 
 
 @dataclass(frozen=True)

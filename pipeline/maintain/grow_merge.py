@@ -19,8 +19,8 @@ from mmcurate.core.mapreduce import LocalRunner
 from mmcurate.core.storage import filesystem, join
 from mmcurate.pipeline.decide.phase_b import decide
 from mmcurate.pipeline.output.groups import Groups, read_fate, read_small_parquets, with_fate
+from mmcurate.pipeline.output.names import SIGNATURES, part_file
 from mmcurate.pipeline.output.signatures import published_table
-from mmcurate.pipeline.output.work_names import SIGNATURES, part_file
 from mmcurate.stages.base import DROP, DROP_STAGE, Stage
 from mmcurate.stages.lib.decisions import REPEATED_KEYS
 

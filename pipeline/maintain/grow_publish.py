@@ -13,9 +13,15 @@ from mmcurate.core.storage import filesystem, join, with_retries
 from mmcurate.pipeline.maintain.grow_merge import MERGE_ROWS
 from mmcurate.pipeline.maintain.grow_shards import filter_shard
 from mmcurate.pipeline.maintain.grow_state import Finished
-from mmcurate.pipeline.output.publish import MANIFEST, shard_files, wids_index
+from mmcurate.pipeline.output.names import (
+    GROW_DIR,
+    GROW_MERGE,
+    MANIFEST,
+    shard_files,
+    signatures_file,
+)
+from mmcurate.pipeline.output.publish import wids_index
 from mmcurate.pipeline.output.shards import write_shard
-from mmcurate.pipeline.output.signatures import signatures_file
 
 STAGED = "publish"  # staged signature files under _grow/merge/
 
@@ -58,7 +64,7 @@ def publish_signatures(build: Finished, count: int) -> list[str]:
     fs, root = filesystem(build.url, build.storage_options)
     names = [signatures_file(g) for g in range(count)]
     for name in names:
-        blob = with_retries(lambda n=name: fs.cat_file(join(root, "_grow", "merge", STAGED, n)))
+        blob = with_retries(lambda n=name: fs.cat_file(join(root, GROW_DIR, GROW_MERGE, STAGED, n)))
         write_bytes_atomic(fs, join(root, name), blob)
     fs.invalidate_cache(join(root, "signatures"))
     extra = sorted(

@@ -35,11 +35,11 @@ from mmcurate.pipeline.maintain.grow_publish import apply_plan, stage_signatures
 from mmcurate.pipeline.maintain.grow_shards import new_shard_specs, shard_schema
 from mmcurate.pipeline.maintain.grow_state import Finished, committed, sub_config
 from mmcurate.pipeline.maintain.takedowns import removed_hashes, without_taken_down
+from mmcurate.pipeline.output.claim import build_identity, claim_output
 from mmcurate.pipeline.output.existing import read_json
 from mmcurate.pipeline.output.groups import read_small_parquets
-from mmcurate.pipeline.output.resume import build_identity, claim_output
+from mmcurate.pipeline.output.names import CANDIDATES, GROW_MERGE, SIGNATURES, part_file
 from mmcurate.pipeline.output.stats import build_stats, count_rows, merge_counts
-from mmcurate.pipeline.output.work_names import CANDIDATES, SIGNATURES, part_file
 from mmcurate.pipeline.phase_a import phase_a
 from mmcurate.pipeline.runtime.session import connect
 from mmcurate.pipeline.sources.staging import stage_sources
@@ -60,7 +60,7 @@ def run_grow(
         return build.manifest
     sub = sub_config(build, source)
     stages = build_stages(sub.stages)
-    plan = read_json(fs, join(grow, "merge", PLAN))
+    plan = read_json(fs, join(grow, GROW_MERGE, PLAN))
     if not isinstance(plan, dict) or plan.get("op") != op["op"]:
         new = new_rows(sub, stages, op["parts"], progress)
         plan = make_plan(build, op, sub, stages, new)
@@ -94,7 +94,7 @@ def make_plan(
     build: Finished, op: dict, sub: BuildConfig, stages: list, new: pa.Table
 ) -> dict[str, Any]:
     """Decide over old and new rows, stage the signatures, write the plan (last)."""
-    merge = build.grow_url("merge")
+    merge = build.grow_url(GROW_MERGE)
     fetched = new.num_rows
     new, taken_down = without_taken_down(new, removed_hashes(build.url, build.storage_options))
     old = read_published(build.url, build.storage_options)

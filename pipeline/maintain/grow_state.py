@@ -3,7 +3,7 @@ they grow, and the operation's own record.
 
 A grow operation keeps its scratch in `OUTPUT/_grow/`: `op.json` (what it was asked: written
 first, so a rerun after a crash resumes the same operation rather than choosing again), the
-sub-build's phase A in `build/` (its own claim and markers, pipeline/output/resume.py) and the
+sub-build's phase A in `build/` (its own claim and markers, pipeline/output/claim.py) and the
 union's decisions and staged files in `merge/`. The manifest is written last; the operation's
 id in its `maintenance` record tells a rerun that the commit already happened.
 """
@@ -21,9 +21,8 @@ from mmcurate.core.redaction import redact_text
 from mmcurate.core.storage import filesystem, join
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.maintain import common
-from mmcurate.pipeline.maintain.common import GROW_DIR, GROW_OP
 from mmcurate.pipeline.output.existing import read_json
-from mmcurate.pipeline.output.publish import MANIFEST
+from mmcurate.pipeline.output.names import GROW_DIR, GROW_OP, MANIFEST
 
 # Global stages whose decisions read columns a finished build does not publish (thumbnails,
 # embeddings): their decisions over old and new rows together are not supported yet.

@@ -21,9 +21,8 @@ from mmcurate.core.tario import regular_member, split_member_name
 from mmcurate.pipeline.maintain.common import FinishedBuild
 from mmcurate.pipeline.maintain.remove_select import COLUMN, Request, matches, near_options
 from mmcurate.pipeline.output.existing import read_json
-from mmcurate.pipeline.output.publish import manifest_files
+from mmcurate.pipeline.output.names import manifest_files, remove_file
 from mmcurate.pipeline.output.shard_format import TAR_END_BYTES
-from mmcurate.pipeline.output.work_names import remove_file
 
 PLAN_FORMAT = "mmcurate-remove-plan/1"
 BLOCK = tarfile.BLOCKSIZE

@@ -28,10 +28,18 @@ from mmcurate.pipeline.maintain.remove_audit import (
 )
 from mmcurate.pipeline.maintain.remove_plan import end_bytes, kept_runs, mask_of, signature_files
 from mmcurate.pipeline.output.embeddings import EMBEDDING_COLUMNS
-from mmcurate.pipeline.output.publish import MANIFEST, manifest_files, shard_files, wids_index
+from mmcurate.pipeline.output.names import (
+    MANIFEST,
+    REMOVE,
+    REMOVE_STAGED,
+    WORK_DIR,
+    manifest_files,
+    remove_file,
+    shard_files,
+)
+from mmcurate.pipeline.output.names import remove_staged as staged_name
+from mmcurate.pipeline.output.publish import wids_index
 from mmcurate.pipeline.output.shards import KERNEL_COPY, HashingWriter, block_batches
-from mmcurate.pipeline.output.work_names import REMOVE, REMOVE_STAGED, WORK_DIR, remove_file
-from mmcurate.pipeline.output.work_names import remove_staged as staged_name
 
 NPY_CHUNK = 64 << 20  # bytes of embedding rows filtered at a time
 

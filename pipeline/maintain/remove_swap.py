@@ -20,9 +20,8 @@ from typing import Any
 
 from mmcurate.core.storage import is_local, join, remove_tree, with_retries
 from mmcurate.pipeline.maintain.common import FinishedBuild
-from mmcurate.pipeline.output.publish import MANIFEST
-from mmcurate.pipeline.output.work_names import REMOVE, WORK_DIR
-from mmcurate.pipeline.output.work_names import remove_staged as staged_name
+from mmcurate.pipeline.output.names import MANIFEST, REMOVE, WORK_DIR
+from mmcurate.pipeline.output.names import remove_staged as staged_name
 
 log = logging.getLogger("mmcurate.remove")
 
@@ -88,7 +87,7 @@ def drop_scratch(build: FinishedBuild) -> None:
 
 def read_staged(build: FinishedBuild) -> dict[str, Any] | None:
     from mmcurate.pipeline.output.existing import read_json
-    from mmcurate.pipeline.output.work_names import remove_file
+    from mmcurate.pipeline.output.names import remove_file
 
     staged = read_json(build.fs, build.work(remove_file("staged.json")))
     return staged if isinstance(staged, dict) and "actions" in staged else None

@@ -19,7 +19,7 @@ from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.mapreduce import Runner
 from mmcurate.core.storage import filesystem, join
 from mmcurate.pipeline.config import BuildConfig
-from mmcurate.pipeline.output.signatures import signatures_file
+from mmcurate.pipeline.output.names import signatures_file
 
 BUCKETS_FILE = "buckets.json"
 BUCKETS_FORMAT = "mmcurate-buckets/1"

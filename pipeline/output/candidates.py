@@ -21,10 +21,10 @@ from mmcurate.core.formats import is_media_column
 from mmcurate.core.spill import Media, Spilled, media_size, release
 from mmcurate.core.storage import filesystem
 from mmcurate.core.tar_writer import BLOCK, TarWriter, sample_media, write_member
+from mmcurate.pipeline.output.claim import Claim
 from mmcurate.pipeline.output.json_fill import JSON_AT
 from mmcurate.pipeline.output.media_index import PartitionMedia, addressed
 from mmcurate.pipeline.output.media_table import payload_digest, record_bytes
-from mmcurate.pipeline.output.resume import Claim
 from mmcurate.pipeline.sources.samples import spilled_in
 from mmcurate.stages.base import DROP, Stage
 

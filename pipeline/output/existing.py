@@ -1,6 +1,6 @@
 """What output.path already holds, as a starting build sees it: a finished build's manifest,
 an unfinished build's claim (`_work/build.json`), an interrupted build's leftover scratch, and
-every other file, which belongs to someone else (pipeline/output/resume.py decides what a
+every other file, which belongs to someone else (pipeline/output/claim.py decides what a
 build may do with each)."""
 
 from __future__ import annotations
@@ -16,18 +16,20 @@ from mmcurate.core.storage import (
     join,
     with_retries,
 )
-from mmcurate.pipeline.output.publish import (
+from mmcurate.pipeline.output.names import (
+    BUILD_FILE,
     BUILD_ID,
     MANIFEST,
     PUBLISHED_FOLDERS,
     RESERVED_FILES,
     SHARD_PREFIX,
+    WORK_DIR,
+    WORK_NAMES,
     manifest_files,
     ours_manifest,
     safe_recorded,
     temp_of,
 )
-from mmcurate.pipeline.output.work_names import BUILD_FILE, WORK_DIR, WORK_NAMES
 
 TOOL = "mmcurate"
 

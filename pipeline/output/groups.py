@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from mmcurate.core.atomic import write_parquet
 from mmcurate.core.mapreduce import Runner
 from mmcurate.core.storage import cat_many, filesystem, join, with_retries
-from mmcurate.pipeline.output.work_names import (
+from mmcurate.pipeline.output.names import (
     DECIDE,
     SIGNATURES,
     group_file,

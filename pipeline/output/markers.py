@@ -1,5 +1,5 @@
 """The done markers of a build's tasks (a partition's, a shard's), which a rerun trusts only when
-they name its build and a run it trusts (pipeline/output/resume.py)."""
+they name its build and a run it trusts (pipeline/output/claim.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.storage import cat_many, filesystem, join
-from mmcurate.pipeline.output.work_names import (
+from mmcurate.pipeline.output.names import (
     PARTS,
     SHARDS,
     SIGNATURES,
@@ -18,7 +18,7 @@ from mmcurate.pipeline.output.work_names import (
 )
 
 if TYPE_CHECKING:
-    from mmcurate.pipeline.output.resume import Claim
+    from mmcurate.pipeline.output.claim import Claim
 
 
 def part_marker(work_url: str, part: int) -> str:

@@ -36,7 +36,7 @@ from mmcurate.pipeline.output.media_table import (
     MediaTable,
     media_name,
 )
-from mmcurate.pipeline.output.work_names import part_stem
+from mmcurate.pipeline.output.names import part_stem
 
 log = logging.getLogger("mmcurate.build")
 

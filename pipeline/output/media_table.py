@@ -9,7 +9,7 @@ import threading
 
 from mmcurate.core.spill import COPY_BLOCK, Media, Spilled
 from mmcurate.core.tar_writer import BLOCK, member_header
-from mmcurate.pipeline.output.work_names import part_file
+from mmcurate.pipeline.output.names import part_file
 
 ENTRY_BYTES = 200  # about what one digest and its location hold in the table (measured)
 

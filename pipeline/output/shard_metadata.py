@@ -20,7 +20,7 @@ from mmcurate.core.storage import (
     with_retries,
 )
 from mmcurate.pipeline.output.json_fill import JSON_AT, json_keys
-from mmcurate.pipeline.output.work_names import part_file
+from mmcurate.pipeline.output.names import part_file
 
 FIELDS_KEY = b"mmcurate.fields"  # in a candidate metadata file's footer: its field kinds
 JSON_KEYS_KEY = b"mmcurate.json_keys"  # ... and the keys of its samples' json objects

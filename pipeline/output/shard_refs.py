@@ -19,10 +19,10 @@ from typing import Any
 import pyarrow.compute as pc
 from mmcurate.core.storage import join
 from mmcurate.core.tar_writer import BLOCK, member_header
+from mmcurate.pipeline.output.claim import Claim
 from mmcurate.pipeline.output.groups import Groups, read_parquet
 from mmcurate.pipeline.output.json_fill import Fill, apply_fill
 from mmcurate.pipeline.output.media_table import media_name, record_bytes
-from mmcurate.pipeline.output.resume import Claim
 
 Piece = tuple[int, int, int] | bytes  # (candidate partition, start, end), or bytes to write
 REF_COLUMNS = ["key", "ext", "stored", "part", "offset", "size", "at"]

@@ -23,9 +23,9 @@ from typing import IO
 from mmcurate.core.atomic import open_atomic, write_parquet
 from mmcurate.core.storage import filesystem, is_local, join, with_retries
 from mmcurate.pipeline.output.json_fill import shard_fills
+from mmcurate.pipeline.output.names import part_file
 from mmcurate.pipeline.output.shard_format import TAR_END_BYTES
 from mmcurate.pipeline.output.shard_metadata import metadata_row, metadata_table, spec_records
-from mmcurate.pipeline.output.work_names import part_file
 
 HASH_CHUNK = 1 << 20  # bytes of a local candidate hashed per read
 COPY_BLOCK = 8 << 20  # bytes per ranged read when a shard is copied from an object store

@@ -10,7 +10,7 @@ from mmcurate.core.atomic import write_parquet
 from mmcurate.core.formats import is_media_column
 from mmcurate.core.storage import join
 from mmcurate.pipeline.output.embeddings import EMBEDDING_COLUMNS
-from mmcurate.pipeline.output.work_names import part_file
+from mmcurate.pipeline.output.names import signatures_file
 from mmcurate.stages.base import DROP, DROP_STAGE
 
 # plus every media column (is_media_column); `__json_at__` goes to the candidate metadata
@@ -73,11 +73,6 @@ def published_table(signatures: pa.Table) -> pa.Table:
         and c not in UNPUBLISHED
     ]
     return signatures.select(keep).rename_columns([names.get(c, c) for c in keep])
-
-
-def signatures_file(group: int) -> str:
-    """`signatures/part-000000.parquet`, ...: one file per signature group, in output order."""
-    return f"signatures/{part_file(group, 'parquet')}"
 
 
 def write_signatures(

@@ -8,7 +8,7 @@ Planned for gzipped lists (no random access), csv/tsv/jsonl whose rows are not o
 cannot read less than a row group). The copy holds only the columns the build uses: url,
 caption and `source.carry_columns`. It is written atomically after the build has claimed its
 output folder (`_work/` is the build's scratch: cleared by --overwrite, removed at commit,
-pipeline/output/resume.py) and reused when a build resumes. Until staged (`staged_url` unset),
+pipeline/output/claim.py) and reused when a build resumes. Until staged (`staged_url` unset),
 such a partition reads the original the slow way, with the same keys and json.
 """
 
@@ -30,7 +30,7 @@ from mmcurate.core.storage import filesystem, join, with_protocol, with_retries
 from mmcurate.pipeline.sources.tables import file_format, read_table
 
 log = logging.getLogger("mmcurate.sources")
-# Names in `_work/` (pipeline/output/work_names.py builds the rerun's pattern from these)
+# Names in `_work/` (pipeline/output/names.py builds the rerun's pattern from these)
 STAGE_FOLDER = "source"
 STAGED_DONE = "done.json"  # a staged copy is complete
 WRITERS = 8  # concurrent writes of staged files

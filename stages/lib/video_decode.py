@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mmcurate.core.progress import report
 from mmcurate.core.spill import Media
-from mmcurate.stages.lib.video_probe import (  # noqa: F401  (display_rotation: imported from here)
+from mmcurate.stages.lib.video_probe import (
     NoVideoStream,
     display_rotation,
     may_be_rotated,

@@ -29,14 +29,8 @@ import av
 import numpy as np
 from mmcurate.core.progress import report
 from mmcurate.core.spill import Media, Spilled
-from mmcurate.stages.lib.video_decode import (
-    NoFrames,
-    NoVideoStream,
-    Watched,
-    media_source,
-    refuse_images,
-    upright,
-)
+from mmcurate.stages.lib.video_decode import NoFrames, Watched, upright
+from mmcurate.stages.lib.video_probe import NoVideoStream, media_source, refuse_images
 
 CLIP_CONTAINER = "mp4"  # what ClipWriter writes: a re-encoded clip's column and extension
 

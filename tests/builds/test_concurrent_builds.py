@@ -11,25 +11,25 @@ import uuid
 from pathlib import Path
 
 import mmcurate.pipeline.build as build_module
-import mmcurate.pipeline.output.resume as resume
+import mmcurate.pipeline.output.claim as resume
 import mmcurate.pipeline.phase_c as phase_c_module
 import pytest
 from mmcurate.core.config_io import ConfigError
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
+from mmcurate.pipeline.output.claim import (
+    AlreadyBuilt,
+    TookOver,
+    build_identity,
+    claim_output,
+    record_files,
+)
 from mmcurate.pipeline.output.markers import (
     done_parts,
     done_shards,
     mark,
     part_marker,
     shard_marker,
-)
-from mmcurate.pipeline.output.resume import (
-    AlreadyBuilt,
-    TookOver,
-    build_identity,
-    claim_output,
-    record_files,
 )
 from mmcurate.pipeline.sources.partitions import plan_source
 

@@ -17,8 +17,8 @@ from mmcurate.core.config_io import ConfigError, validate
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig, overlaps
 from mmcurate.pipeline.demo_data import write_tar_shards
-from mmcurate.pipeline.output.publish import manifest_files, safe_recorded
-from mmcurate.pipeline.output.resume import claim_output
+from mmcurate.pipeline.output.claim import claim_output
+from mmcurate.pipeline.output.names import manifest_files, safe_recorded
 
 REPO = Path(__file__).resolve().parents[2]
 FOREIGN = "no mmcurate build wrote"

@@ -1,4 +1,4 @@
-"""The names a build writes in `_work/` have one home (pipeline/output/work_names.py): every
+"""The names a build writes in `_work/` have one home (pipeline/output/names.py): every
 name its functions spell is one a rerun recognises as scratch, and no other module spells one
 itself (a scratch file that missed the pattern made a rerun refuse its own folder)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from mmcurate.pipeline.output import work_names as names
+from mmcurate.pipeline.output import names
 from mmcurate.pipeline.output.existing import only_scratch
 from mmcurate.pipeline.output.markers import part_marker, shard_marker
 from mmcurate.pipeline.sources.staging import STAGED_DONE, stage_folder, staged_chunk, staged_folder
@@ -80,7 +80,7 @@ def test_no_other_module_spells_a_scratch_name():
         f"{path.relative_to(ROOT)}:{number}"
         for folder in ("pipeline", "core")
         for path in sorted((ROOT / folder).rglob("*.py"))
-        if path.name not in ("work_names.py", "staging.py")  # the two homes
+        if path.name not in ("names.py", "staging.py")  # the two homes
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if SPELLING.search(line)
     ]

@@ -12,7 +12,8 @@ from mmcurate.pipeline.cli import main as mmcurate
 from mmcurate.pipeline.config import load_build_config
 from mmcurate.trainer.config import load_train_config
 from mmcurate.trainer.eval import evaluate as eval_module
-from mmcurate.trainer.eval.evaluate import load_eval_config, write_json
+from mmcurate.trainer.eval.config import load_eval_config
+from mmcurate.trainer.eval.evaluate import write_json
 
 HUGE = "9" * 400
 

@@ -6,7 +6,7 @@ import threading
 
 from mmcurate.core.tario import safe_key
 from mmcurate.pipeline.config import BuildConfig, SourceConfig
-from mmcurate.pipeline.output.resume import build_identity
+from mmcurate.pipeline.output.claim import build_identity
 from mmcurate.pipeline.sources.partitions import plan_source, read_partition
 from mmcurate.stages.base import DROP
 

@@ -12,7 +12,7 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.core.tario import iter_tar_samples
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig, SourceConfig
-from mmcurate.pipeline.output.resume import build_identity, claim_output
+from mmcurate.pipeline.output.claim import build_identity, claim_output
 from mmcurate.pipeline.sources.partitions import plan_source, read_partition
 from mmcurate.stages.base import DROP
 from PIL import Image

@@ -249,7 +249,7 @@ def test_a_corrupt_shard_is_counted_not_fatal(tmp_path, capsys):
 
 
 def test_example_config_validates():
-    from mmcurate.trainer.eval.evaluate import load_eval_config
+    from mmcurate.trainer.eval.config import load_eval_config
 
     cfg = load_eval_config(Path(__file__).resolve().parents[2] / "configs" / "eval.yaml")
     assert cfg.retrieval.recall_at == [1, 5, 10] and cfg.zeroshot is None

@@ -343,7 +343,7 @@ def test_the_curation_recipe_commands_validate():
     `--set`s (`my-clip.yaml` is the copy of configs/curation/clip.yaml it asks for)."""
     from mmcurate.pipeline.config import load_build_config
     from mmcurate.trainer.config import load_train_config
-    from mmcurate.trainer.eval.evaluate import load_eval_config
+    from mmcurate.trainer.eval.config import load_eval_config
 
     text = (REPO / "docs" / "recipes.md").read_text()
     section = text.split("## Pick a CLIP-score threshold")[1].split("\n## ")[0]

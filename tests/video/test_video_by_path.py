@@ -14,12 +14,8 @@ import numpy as np
 import pytest
 from mmcurate.core.spill import Spilled, media_bytes, set_task_folder
 from mmcurate.pipeline.video_data import encode_video, frame_pixels, read_frame_number, write_padded
-from mmcurate.stages.lib.video_decode import (
-    display_rotation,
-    may_be_rotated,
-    refuse_images,
-    sample_video,
-)
+from mmcurate.stages.lib.video_decode import sample_video
+from mmcurate.stages.lib.video_probe import display_rotation, may_be_rotated, refuse_images
 from mmcurate.stages.lib.video_split import split_video
 from mmcurate.stages.registry import build_stage
 from PIL import Image

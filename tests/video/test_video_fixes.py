@@ -9,13 +9,8 @@ import av
 import numpy as np
 import pytest
 from mmcurate.pipeline.video_data import encode_video, frame_pixels, read_frame_number
-from mmcurate.stages.lib.video_decode import (
-    display_rotation,
-    may_be_rotated,
-    sample_video,
-    to_jpeg,
-    with_pyav,
-)
+from mmcurate.stages.lib.video_decode import sample_video, to_jpeg, with_pyav
+from mmcurate.stages.lib.video_probe import display_rotation, may_be_rotated
 from mmcurate.stages.lib.video_split import split_video
 from mmcurate.stages.registry import build_stage
 from PIL import Image

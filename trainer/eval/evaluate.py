@@ -24,15 +24,9 @@ from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.config_io import ConfigError, add_overrides, one_line
 from mmcurate.core.manifest import ManifestError
 from mmcurate.core.storage import check_reachable, filesystem, protocol_of
-from mmcurate.trainer.eval.config import (  # noqa: F401  (re-exported: the command's config types)
-    MAX_K,
+from mmcurate.trainer.eval.config import (
     EvalConfig,
-    EvalData,
-    EvalModel,
-    EvalRun,
     Inputs,
-    RetrievalTask,
-    ZeroshotTask,
     load_eval_config,
 )
 from mmcurate.trainer.eval.data import EvalDataError

@@ -23,15 +23,9 @@ from mmcurate.core.manifest import ManifestError
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.data.manifest import NoUsableData
 from mmcurate.trainer.dist.world import Dist, from_rank0
+from mmcurate.trainer.eval.config import EvalConfig, EvalData, EvalModel, EvalRun, Inputs
 from mmcurate.trainer.eval.data import EvalDataError
-from mmcurate.trainer.eval.evaluate import (
-    EvalConfig,
-    EvalData,
-    EvalModel,
-    EvalRun,
-    Inputs,
-    units_of,
-)
+from mmcurate.trainer.eval.evaluate import units_of
 from open_clip.transform import PreprocessCfg, image_transform_v2
 
 

@@ -36,10 +36,7 @@ from mmcurate.pipeline.output.existing import (
     read_json,
     relative,
 )
-from mmcurate.pipeline.output.publish import (
-    MANIFEST,
-)
-from mmcurate.pipeline.output.work_names import BUILD_FILE, WORK_DIR
+from mmcurate.pipeline.output.names import BUILD_FILE, MANIFEST, WORK_DIR
 
 CLAIM_TRIES = 3
 HEAD_BYTES = 512  # where a marker holds its run id (before its ledger, which can be large)
