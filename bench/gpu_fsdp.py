@@ -73,7 +73,7 @@ def ladder(args: argparse.Namespace, device: torch.device) -> int | None:
             result["peak_memory_gib"] = round(result.pop("peak_memory_bytes") / 2**30, 2)
         print(json.dumps(result), flush=True)
 
-    climb(parts, tokenizer, cfg, report)
+    climb(parts, tokenizer, cfg.probe, report)
     free(parts)
     del parts
     return max(fitted, default=None)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from mmcurate.core.config_io import ConfigError
-from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.config import RunConfig
 from mmcurate.trainer.loop_state import LoopState
 
 # metrics.jsonl fields also written as TensorBoard scalars `train/<name>` (eval/* go as named)
@@ -88,10 +88,10 @@ def tensorboard_writer(output: Path) -> Any:
     return SummaryWriter(str(output / "tensorboard"))
 
 
-def require_tensorboard(cfg: TrainConfig) -> None:
+def require_tensorboard(run: RunConfig) -> None:
     """Fail fast, before any model is built, when run.tensorboard lacks its package."""
-    if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        tensorboard_writer(Path(cfg.run.output))
+    if run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        tensorboard_writer(Path(run.output))
 
 
 class LogFiles:
@@ -100,7 +100,7 @@ class LogFiles:
     the stopped run after its checkpoint, are dropped), else afresh."""
 
     def __init__(
-        self, folder: Path, cfg: TrainConfig, rank: int, resume_step: int | None = None
+        self, folder: Path, run: RunConfig, rank: int, resume_step: int | None = None
     ) -> None:
         self.folder = folder
         sample_path = folder / "samples" / f"rank-{rank}.jsonl"
@@ -113,11 +113,11 @@ class LogFiles:
                 files.enter_context(open(folder / "metrics.jsonl", mode)) if rank == 0 else None
             )
             self.samples = None
-            if cfg.run.sample_log:
+            if run.sample_log:
                 sample_path.parent.mkdir(exist_ok=True)
                 self.samples = files.enter_context(open(sample_path, mode))
             self.board: Any = None
-            if cfg.run.tensorboard and rank == 0:
+            if run.tensorboard and rank == 0:
                 self.board = tensorboard_writer(folder)
                 files.callback(self.board.close)
             self.files = files.pop_all()  # closed by close(); by the stack on a failure here

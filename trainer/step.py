@@ -15,7 +15,7 @@ import open_clip
 import torch
 import torch.nn.functional as F
 from mmcurate.core.config_io import ConfigError
-from mmcurate.trainer.config import OptimConfig, TrainConfig
+from mmcurate.trainer.config import OptimConfig, RunConfig, TrainConfig
 from mmcurate.trainer.data.dataset import Batch
 from mmcurate.trainer.dist.fsdp import average_replicated_grads, is_fsdp, shard_model
 from mmcurate.trainer.dist.fsdp import gradient_norm as sharded_gradient_norm
@@ -69,11 +69,11 @@ def make_optimizer(
     return optimizer, scheduler
 
 
-def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+def planned_steps(run: RunConfig, steps_per_epoch: int) -> int:
     """Steps for the LR schedule: max_steps, else epochs x steps per epoch."""
-    if cfg.run.max_steps is not None:
-        return cfg.run.max_steps
-    return max(cfg.run.epochs * steps_per_epoch, 1)
+    if run.max_steps is not None:
+        return run.max_steps
+    return max(run.epochs * steps_per_epoch, 1)
 
 
 @dataclass

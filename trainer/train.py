@@ -318,7 +318,7 @@ def check_folders(cfg: TrainConfig) -> None:
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train a CLIP model on a build's shards; returns a summary of the run."""
-    require_tensorboard(cfg)  # fails fast, before any model is built
+    require_tensorboard(cfg.run)  # fails fast, before any model is built
     resolve_weights(cfg.model.name, cfg.model.pretrained, cfg.storage_options)  # and these
     check_folders(cfg)
     place = setup_distributed()
@@ -330,7 +330,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     total = sum(round(weight * sum(s.samples for s in m.shards)) for m, weight in sources)
     batches = batches_per_rank(total, place.world, cfg.data.batch_size, cfg.optim.accum_freq)
     parts, (preprocess, tokenizer) = build_parts(
-        cfg, place, planned_steps(cfg, batches // cfg.optim.accum_freq)
+        cfg, place, planned_steps(cfg.run, batches // cfg.optim.accum_freq)
     )
     torch.manual_seed(cfg.data.seed + place.rank)  # each rank its own augmentations
     dataset = make_dataset(cfg, sources, place, preprocess, tokenizer)
@@ -339,7 +339,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     logs = RunLogs(cfg.run.output, place.rank, cfg.storage_options)
     logs.start(resume=bool(previous))
     resume_step = checkpoint_step(previous) if previous else None
-    with LogFiles(logs.folder, cfg, place.rank, resume_step) as files:
+    with LogFiles(logs.folder, cfg.run, place.rank, resume_step) as files:
         state = start_state(parts, previous, cfg, place, total)
         carry_epoch(dataset, state)  # a mid-epoch resume on another layout
         evaluator = eval_sets.evaluator(parts.core, tokenizer) if eval_sets else None

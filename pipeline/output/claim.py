@@ -36,7 +36,7 @@ from mmcurate.pipeline.output.existing import (
     read_json,
     relative,
 )
-from mmcurate.pipeline.output.names import BUILD_FILE, MANIFEST, WORK_DIR
+from mmcurate.pipeline.output.names import BUILD_FILE, MANIFEST, WORK_DIR, remove_file
 
 CLAIM_TRIES = 3
 HEAD_BYTES = 512  # where a marker holds its run id (before its ledger, which can be large)
@@ -149,6 +149,7 @@ def take_output(cfg: BuildConfig, identity: str, run: str) -> Claim:
     state = inspect_output(fs, out, cfg.output.path)
     overwrite = cfg.output.overwrite
     if state.manifest is not None and state.previous == identity and not overwrite:
+        refuse_unfinished_remove(fs, out, cfg.output.path)
         if state.marker is not None or state.leftover:  # scratch left after the commit
             drop_work(fs, out)
         raise AlreadyBuilt(state.manifest)
@@ -171,6 +172,19 @@ def take_output(cfg: BuildConfig, identity: str, run: str) -> Claim:
         # a read-only folder, a dangling link: the first write says so, in one line
         raise ConfigError(f"output.path: {cfg.output.path}: cannot write there ({err})") from None
     return claim
+
+
+def refuse_unfinished_remove(fs: Any, out: str, url: str) -> None:
+    """A `mmcurate remove` stopped part-way has swapped some files and not yet the manifest: the
+    build is neither the one its manifest describes nor the one the remove will leave, and the
+    remove's plan is what finishes it. So a rerun of the build refuses instead of taking the
+    manifest as it is and dropping that plan with the rest of `_work/` (--overwrite rebuilds)."""
+    if with_retries(lambda: fs.exists(join(out, WORK_DIR, remove_file("plan.json")))):
+        raise ConfigError(
+            f"output.path: {url} has an unfinished `mmcurate remove` "
+            f"({WORK_DIR}/{remove_file('plan.json')}); run that remove again to finish it, "
+            "or pass --overwrite to build again"
+        )
 
 
 def refuse_foreign(state: OutputState, allowed: bool) -> None:

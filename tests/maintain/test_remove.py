@@ -198,6 +198,29 @@ def test_an_interrupted_remove_is_scratch_and_a_rebuild_keeps_the_result(image_f
     assert not (out / "audit.jsonl").exists()
 
 
+def test_a_rebuild_over_a_remove_killed_mid_swap_refuses_and_the_remove_still_finishes(
+    image_folder, tmp_path
+):
+    """Killed after some files were swapped and before the manifest: a rerun of the same build
+    refuses in one line (it used to take the old manifest as finished and drop the remove's
+    plan with the rest of _work/, leaving shards the manifest does not describe), the remove's
+    scratch stays, and rerunning the remove finishes it."""
+    folder, out = image_folder(n=12, exact_copies=0, broken=0), tmp_path / "out"
+    cfg = small_config(folder, out)
+    before = run_build(cfg, progress=False)
+    keys = tmp_path / "keys.txt"
+    keys.write_text(kept_rows(out)[0]["key"] + "\n")
+    child = [sys.executable, str(CHILD), "remove_swap:swap", "after", "2", "--", str(out)]
+    assert subprocess.run([*child, "--keys", str(keys)], cwd=REPO, timeout=120).returncode == -9
+    plan = out / "_work" / "remove" / "plan.json"
+    with pytest.raises(ConfigError, match="unfinished `mmcurate remove`"):
+        run_build(cfg, progress=False)
+    assert plan.exists()
+    assert remove_main([str(out), "--keys", str(keys)]) == 0
+    manifest = run_build(cfg, progress=False)
+    assert manifest["samples"] == before["samples"] - 1 and not (out / "_work").exists()
+
+
 def small_config(folder: Path, out: Path, **output: object) -> BuildConfig:
     return BuildConfig.model_validate(
         {

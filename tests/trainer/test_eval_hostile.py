@@ -189,10 +189,10 @@ def test_a_rung_whose_batch_cannot_be_made_ends_the_ladder_as_oom():
         optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None),
     )
     for size in (2**70, 2**62):
-        cfg = SimpleNamespace(probe=SimpleNamespace(batch_sizes=[size, 4], steps=1))
+        probe = SimpleNamespace(batch_sizes=[size, 4], steps=1)
         results: list[dict] = []
         climb(
-            parts, lambda texts: torch.zeros(len(texts), 4, dtype=torch.long), cfg, results.append
+            parts, lambda texts: torch.zeros(len(texts), 4, dtype=torch.long), probe, results.append
         )
         assert [(r["batch_size"], r["status"]) for r in results] == [(size, "oom")]
         assert "no batch of" in results[0]["error"]

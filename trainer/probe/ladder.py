@@ -26,7 +26,7 @@ import traceback
 from typing import Any
 
 import torch
-from mmcurate.trainer.config import TrainConfig
+from mmcurate.trainer.config import ProbeConfig, TrainConfig
 from mmcurate.trainer.data.batch import Batch
 from mmcurate.trainer.dist.world import Dist
 from mmcurate.trainer.step import Parts, build_parts, guarded_step
@@ -125,11 +125,11 @@ def free(parts: Parts) -> None:
         torch.cuda.empty_cache()
 
 
-def climb(parts: Parts, tokenizer: Any, cfg: TrainConfig, report: Any, baseline: int = 0) -> None:
+def climb(parts: Parts, tokenizer: Any, probe: ProbeConfig, report: Any, baseline: int = 0) -> None:
     """Run the rungs in order, `report(result)` each; the first out-of-memory one ends it."""
-    for size in cfg.probe.batch_sizes:
+    for size in probe.batch_sizes:
         try:
-            report(rung(parts, tokenizer, size, cfg.probe.steps, baseline))
+            report(rung(parts, tokenizer, size, probe.steps, baseline))
         except (RuntimeError, MemoryError) as err:
             if not is_out_of_memory(err):
                 raise
@@ -147,7 +147,7 @@ def ladder_here(cfg: TrainConfig, device: torch.device) -> list[dict[str, Any]]:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0), device)
     results: list[dict[str, Any]] = []
-    climb(parts, tokenizer, cfg, results.append)
+    climb(parts, tokenizer, cfg.probe, results.append)
     del parts
     gc.collect()
     if device.type == "cuda":
@@ -169,7 +169,7 @@ def child_main(tree: dict[str, Any], threads: int, conn: Any) -> None:
             limit = proc_status("VmSize") + cap
             resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
         conn.send({"baseline_bytes": baseline})
-        climb(parts, tokenizer, cfg, conn.send, baseline)
+        climb(parts, tokenizer, cfg.probe, conn.send, baseline)
         conn.send({"done": True})
     except Exception as err:  # reported to the parent, which survives it
         last = traceback.format_exception_only(err)[-1].strip()

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from mmcurate.core.config_io import ConfigError, add_overrides, one_line
 from mmcurate.core.manifest import ManifestError
-from mmcurate.trainer.config import TrainConfig, load_train_config
+from mmcurate.trainer.config import ProbeConfig, TrainConfig, load_train_config
 from mmcurate.trainer.data.dataset import make_loader
 from mmcurate.trainer.data.prefetch import DevicePrefetcher, timed
 from mmcurate.trainer.dist.world import Dist
@@ -107,10 +107,10 @@ def measure_wait(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
     }
 
 
-def device_facts(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
+def device_facts(probe: ProbeConfig, device: torch.device) -> dict[str, Any]:
     """The device, its memory (the capacity the recommendation fits into) and this
     machine's CPU cores per device."""
-    cap = cfg.probe.max_memory_bytes
+    cap = probe.max_memory_bytes
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, total, count = props.name, props.total_memory, torch.cuda.device_count()
@@ -132,7 +132,7 @@ def device_facts(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
 def probe(cfg: TrainConfig) -> dict[str, Any]:
     """Everything `mmcurate probe` measures and recommends, as one JSON-able dict."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    facts = device_facts(cfg, device)
+    facts = device_facts(cfg.probe, device)
     log.info("probe: batch-size ladder on %s", facts["name"])
     if device.type == "cuda":
         ladder, baseline = ladder_here(cfg, device), None
