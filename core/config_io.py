@@ -11,7 +11,7 @@ import copy
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -113,6 +113,14 @@ def checked_resources(resources: dict[str, float]) -> dict[str, float]:
         if not amount >= 1e-4:
             raise ValueError(f"{name}: needs an amount of at least 0.0001, not {amount}")
     return resources
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one ConfigError line (the command prints `error: ...` and
+    exits 2, as for a bad config) instead of a usage block; --help still prints and exits 0."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def add_storage_options(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from mmcurate.core.config_io import (
     ConfigError,
+    OneLineParser,
     add_overrides,
     add_storage_options,
     load_yaml,
@@ -36,7 +37,7 @@ from mmcurate.pipeline.sources.partitions import plan_source
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmcurate append", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="mmcurate append", description=__doc__.splitlines()[0])
     p.add_argument("output", help="a finished build's folder (output.path), any fsspec URL")
     p.add_argument("config", help="YAML holding `source:` (the new input) only")
     add_overrides(p, "source.path=more.parquet")
@@ -46,12 +47,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as exit_:
-        if exit_.code:
-            raise ConfigError("mmcurate append OUTPUT CONFIG.yaml [--set ...]") from None
-        return 0
+    args = parser().parse_args(argv)  # a mistake: one ConfigError line
     source = new_source(load_yaml(args.config, args.overrides))
     options = parse_storage_options(args.storage_options)
     before = records(finished_build(args.output, options, "append").manifest)

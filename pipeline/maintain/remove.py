@@ -17,7 +17,12 @@ import logging
 import sys
 from typing import Any
 
-from mmcurate.core.config_io import ConfigError, add_storage_options, parse_storage_options
+from mmcurate.core.config_io import (
+    ConfigError,
+    OneLineParser,
+    add_storage_options,
+    parse_storage_options,
+)
 from mmcurate.core.redaction import redact_text
 from mmcurate.pipeline.maintain.common import (
     FinishedBuild,
@@ -32,7 +37,7 @@ log = logging.getLogger("mmcurate.remove")
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="mmcurate remove", description=__doc__.split("\n")[0])
+    top = OneLineParser(prog="mmcurate remove", description=__doc__.split("\n")[0])
     top.add_argument("output", help="a finished build's output folder (any fsspec URL)")
     which = top.add_mutually_exclusive_group(required=True)
     which.add_argument("--keys", metavar="FILE", help="sample keys, one a line")
@@ -47,10 +52,7 @@ def main(argv: list[str]) -> int:
     """The command: a summary as one JSON line; bad arguments or no build: one line, exit 2."""
     try:
         args = parser().parse_args(argv)
-    except SystemExit as stop:  # argparse printed its one line (or --help)
-        return int(stop.code or 0) if stop.code in (0, None) else 2
-    kind = next(k for k in SELECTORS if getattr(args, k) is not None)
-    try:
+        kind = next(k for k in SELECTORS if getattr(args, k) is not None)
         summary = run_remove(
             args.output, kind, getattr(args, kind), parse_storage_options(args.storage_options)
         )

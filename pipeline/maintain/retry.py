@@ -14,7 +14,7 @@ import json
 import logging
 from typing import Any
 
-from mmcurate.core.config_io import ConfigError, add_storage_options, parse_storage_options
+from mmcurate.core.config_io import OneLineParser, add_storage_options, parse_storage_options
 from mmcurate.pipeline.maintain.grow_merge import read_published
 from mmcurate.pipeline.maintain.grow_run import run_grow
 from mmcurate.pipeline.maintain.grow_state import (
@@ -33,7 +33,7 @@ RETRIED = ("host_paused",)  # besides the transient reasons: a paused host's sam
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmcurate retry", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="mmcurate retry", description=__doc__.splitlines()[0])
     p.add_argument("output", help="a finished build's folder (output.path), any fsspec URL")
     add_storage_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
@@ -41,12 +41,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as exit_:
-        if exit_.code:
-            raise ConfigError("mmcurate retry OUTPUT [--storage-options JSON]") from None
-        return 0
+    args = parser().parse_args(argv)  # a mistake: one ConfigError line
     options = parse_storage_options(args.storage_options)
     before = records(finished_build(args.output, options, "retry").manifest)
     manifest = retry(args.output, options, not args.no_progress)
