@@ -54,3 +54,31 @@ def keys_of(build: Path) -> list[str]:
         with tarfile.open(build / shard["name"]) as tar:
             keys += [n.partition(".")[0] for n in tar.getnames() if n.endswith(".txt")]
     return keys
+
+
+def train_filter_network(manifest: Path, run: Path, steps: int = 3, seed: int = 0) -> Path:
+    """A filter network: `mmcurate train` of the tiny CLIP on a trusted build; its run folder
+    (checkpoints/step-<steps>.pt), which clip_score's `pretrained` takes as it is."""
+    import mmcurate
+
+    tree = {
+        **TRAIN,
+        "data": {**TRAIN["data"], "manifest": str(manifest), "seed": seed},
+        "run": {"max_steps": steps, "log_every": steps, "output": str(run)},
+    }
+    mmcurate.train(tree)
+    return run
+
+
+def picture_batch(pictures: list[bytes], captions: list[str]) -> dict:
+    """A stage batch of jpg + txt rows (keys k000, k001, ...), as a source gives one."""
+    from mmcurate.pipeline.sources.samples import empty_batch
+
+    batch = empty_batch()
+    for i, (data, caption) in enumerate(zip(pictures, captions, strict=True)):
+        batch["__key__"].append(f"k{i:03d}")
+        for column in batch:
+            if column != "__key__":
+                batch[column].append(None)
+        batch["jpg"][-1], batch["txt"][-1] = data, caption
+    return batch

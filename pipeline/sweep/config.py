@@ -10,11 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from mmcurate.core.config_io import ConfigError, Strict, load_yaml, validate
+from mmcurate.pipeline.sweep.scorers import (
+    DEFAULT_SCORER,
+    THRESHOLDS,  # removed from the scoring build
+    check_scorers,
+    scorer_index,
+)
 from pydantic import Field, field_validator, model_validator
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]*\Z")  # arm and source names: used in file names
-SCORERS = ("clip_score",)  # stages whose recorded value an arm thresholds
-THRESHOLDS = ("min_score", "max_score", "keep_top_fraction")  # removed from the scoring build
 DEDUPE = ("exact_dedupe", "near_dedupe", "semantic_dedupe")  # decisions, not scores: `dedupe:`
 
 
@@ -26,6 +30,7 @@ class Arm(Strict):
     keep_top_fraction: float | None = Field(None, gt=0, le=1, description="per source")
     dedupe: bool = Field(False, description="drop what the sweep's dedupe stages drop")
     weights: dict[str, float] | None = Field(None, description="source -> mixture weight")
+    scorer: str | None = Field(None, description="a name in `scorers`; default: clip_score")
 
     @field_validator("name")
     @classmethod
@@ -47,6 +52,8 @@ class Arm(Strict):
     def _one_threshold(self) -> Arm:
         if self.min_score is not None and self.keep_top_fraction is not None:
             raise ValueError(f"arm {self.name}: min_score or keep_top_fraction, not both")
+        if self.scorer is not None and not self.scored:
+            raise ValueError(f"arm {self.name}: scorer needs min_score or keep_top_fraction")
         return self
 
     @property
@@ -66,6 +73,9 @@ class SweepConfig(Strict):
     build: dict[str, Any]  # a build config tree (or `build: PATH`, read by load_sweep_config)
     sources: dict[str, str] = Field(default_factory=dict, description="name -> source.path")
     dedupe: list[dict[str, Any]] = Field(default_factory=list, description="dedupe stages")
+    scorers: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="name -> clip_score options: more scorers"
+    )
     train: dict[str, Any]
     eval: dict[str, Any]
     splits: Splits
@@ -89,6 +99,14 @@ class SweepConfig(Strict):
                 raise ValueError(f"source name {name!r}: use lowercase letters, digits, _ and -")
         return sources
 
+    @field_validator("scorers")
+    @classmethod
+    def _scorers(cls, scorers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in scorers:
+            if not NAME.match(name):
+                raise ValueError(f"scorer name {name!r}: use lowercase letters, digits, _ and -")
+        return scorers
+
     @model_validator(mode="after")
     def _arms(self) -> SweepConfig:
         names = [arm.name for arm in self.arms]
@@ -106,9 +124,18 @@ class SweepConfig(Strict):
         for i, stage in enumerate(self.build.get("stages") or []):
             if isinstance(stage, dict) and stage.get("name") in DEDUPE:
                 raise ValueError(f"build.stages.{i}: {stage['name']} drops; list it in `dedupe`")
-        if any(arm.scored for arm in self.arms) and scorer_index(self.build) is None:
-            raise ValueError("arms threshold clip_score: the build config needs a clip_score stage")
+        self.check_scorers()
         return self
+
+    def check_scorers(self) -> None:
+        """Each arm's scorer exists; each scorer is computed once (scorers.check_scorers)."""
+        base = [arm for arm in self.arms if arm.scored and arm.scorer in (None, DEFAULT_SCORER)]
+        if base and scorer_index(self.build) is None:
+            raise ValueError("arms threshold clip_score: the build config needs a clip_score stage")
+        check_scorers(self.build, self.scorers)  # ConfigError: its line as it is
+        for arm in self.arms:
+            if arm.scorer not in (None, DEFAULT_SCORER, *self.scorers):
+                raise ValueError(f"arm {arm.name}: unknown scorer {arm.scorer!r}")
 
     def source_paths(self) -> dict[str, str]:
         """name -> source.path; the build's own source is `main` when none are named."""
@@ -119,13 +146,6 @@ class SweepConfig(Strict):
         weights = arm.weights or {next(iter(self.source_paths())): 1.0}
         total = sum(weights.values())
         return {name: w / total for name, w in weights.items() if w > 0}
-
-
-def scorer_index(build: dict[str, Any]) -> int | None:
-    """The position of the build's clip_score stage (the one scorer arms threshold)."""
-    stages = build.get("stages") or []
-    found = [i for i, s in enumerate(stages) if isinstance(s, dict) and s.get("name") in SCORERS]
-    return found[0] if found else None
 
 
 def scoring_tree(build: dict[str, Any], source: str, output: str) -> dict[str, Any]:

@@ -23,37 +23,41 @@ from typing import Any
 
 from mmcurate.core.config_io import ConfigError, add_overrides, one_line
 from mmcurate.pipeline.sweep.arms import Part, mix, read_scores, select_keys, write_arm
-from mmcurate.pipeline.sweep.config import (
-    SweepConfig,
-    dedupe_tree,
-    load_sweep_config,
-    scorer_index,
-    scoring_tree,
-)
+from mmcurate.pipeline.sweep.config import SweepConfig, dedupe_tree, load_sweep_config, scoring_tree
 from mmcurate.pipeline.sweep.report import write_report
+from mmcurate.pipeline.sweep.scorers import (
+    count_run,
+    load_scorer_models,
+    scorer_index,
+    scorer_tree,
+    scores_folder,
+)
 from mmcurate.pipeline.sweep.task import result_path, run_arm_seed
 
 log = logging.getLogger("mmcurate.sweep")
 
 
 def score_sources(cfg: SweepConfig, output: Path) -> dict[str, Any]:
-    """Per source, the scoring build (once: a finished one is reused) and the dedupe build
-    over it; returns the scorer ledger {source: {stage: runs}}, kept in output/scoring.json."""
+    """Per source: the scoring build (with the base scorer), the dedupe build and each named
+    scorer's build over it, each once (a finished one is reused); returns the ledger."""
     import mmcurate
 
     ledger_file = output / "scoring.json"
     ledger = json.loads(ledger_file.read_text()) if ledger_file.exists() else {}
-    scorer = scorer_index(cfg.build)
+    base = scorer_index(cfg.build)
     for name, path in cfg.source_paths().items():
         scored = output / "scored" / name
         if not (scored / "manifest.json").exists():
             mmcurate.build(scoring_tree(cfg.build, path, str(scored)))
-            entry = ledger.setdefault(name, {})
-            for stage in [cfg.build["stages"][scorer]["name"]] if scorer is not None else []:
-                entry[stage] = entry.get(stage, 0) + 1
-            ledger_file.write_text(json.dumps(ledger, indent=1) + "\n")
+            stage = cfg.build["stages"][base]["name"] if base is not None else None
+            count_run(output, ledger, name, stage)
         if cfg.dedupe and not (output / "deduped" / name / "manifest.json").exists():
             mmcurate.build(dedupe_tree(cfg, scored, output / "deduped" / name))
+        for scorer in cfg.scorers:
+            folder = scores_folder(output, scorer, name)
+            if not (folder / "manifest.json").exists():
+                mmcurate.build(scorer_tree(cfg.build, cfg.scorers[scorer], scored, folder))
+                count_run(output, ledger, name, scorer)
     return ledger
 
 
@@ -62,7 +66,7 @@ def make_arms(cfg: SweepConfig, output: Path) -> dict[str, dict[str, Any]]:
     sizes = cfg.build.get("output", {})
     max_samples = int(sizes.get("shard_max_samples", 10_000))
     max_bytes = int(sizes.get("shard_max_bytes", 1_000_000_000))
-    rows = {name: read_scores(output / "scored" / name) for name in cfg.source_paths()}
+    rows: dict[tuple[str | None, str], list] = {}  # (scorer, source): read once
     kept: dict[str, dict[str, Any]] = {}
     for arm in cfg.arms:
         weights = cfg.arm_weights(arm)
@@ -71,7 +75,9 @@ def make_arms(cfg: SweepConfig, output: Path) -> dict[str, dict[str, Any]]:
             deduped = None
             if arm.dedupe:
                 deduped = {k for k, _ in read_scores(output / "deduped" / name, None)}
-            pools[name] = select_keys(rows[name], arm, deduped)
+            if (arm.scorer, name) not in rows:
+                rows[arm.scorer, name] = read_scores(scores_folder(output, arm.scorer, name))
+            pools[name] = select_keys(rows[arm.scorer, name], arm, deduped)
         chosen = mix(pools, weights)
         prefix = len(weights) > 1
         parts = [
@@ -84,6 +90,8 @@ def make_arms(cfg: SweepConfig, output: Path) -> dict[str, dict[str, Any]]:
         if not (folder / "manifest.json").exists():
             write_arm(parts, folder, max_samples, max_bytes)
         kept[arm.name] = {"samples": sum(len(k) for k in chosen.values())}
+        if arm.scorer is not None:
+            kept[arm.name]["scorer"] = arm.scorer
         kept[arm.name]["per_source"] = {n: len(k) for n, k in chosen.items()}
     return kept
 
@@ -141,27 +149,35 @@ def ray_available() -> bool:
 
 
 def claim_output(cfg: SweepConfig, output: Path) -> None:
-    """Record what the output holds (sweep.json): a rerun may add seeds and arms, but scores,
-    arm builds and runs made for another base config, or an arm of the same name defined
-    otherwise, would be reused wrongly: ConfigError before anything runs."""
-    base = cfg.model_dump(exclude={"seeds", "arms", "metric", "output"})
-    arms = {arm.name: arm.model_dump() for arm in cfg.arms}
+    """Record what the output holds (sweep.json): a rerun may add seeds, arms and scorers, but
+    scores, arm builds and runs made for another base config, or an arm or a scorer of the
+    same name defined otherwise, would be reused wrongly: ConfigError before anything runs."""
+    base = cfg.model_dump(exclude={"seeds", "arms", "metric", "output", "scorers"})
+    # An arm without a scorer is recorded as before scorers existed (older outputs resume).
+    arms = {
+        arm.name: arm.model_dump(exclude={"scorer"} if arm.scorer is None else None)
+        for arm in cfg.arms
+    }
     record = output / "sweep.json"
     old = json.loads(record.read_text()) if record.exists() else {"base": base, "arms": {}}
     if old["base"] != base:
         raise ConfigError(f"output: {output} holds a sweep of another build/train/eval config")
-    for name, arm in arms.items():
-        if old["arms"].get(name, arm) != arm:
-            raise ConfigError(f"arms: {name} in {output} was defined otherwise; rename it")
+    for kind, new in (("arms", arms), ("scorers", cfg.scorers)):
+        for name, value in new.items():
+            if old.get(kind, {}).get(name, value) != value:
+                raise ConfigError(f"{kind}: {name} in {output} was defined otherwise; rename it")
     output.mkdir(parents=True, exist_ok=True)
     tmp = output / ".sweep.json.tmp"
-    tmp.write_text(json.dumps({"base": base, "arms": {**old["arms"], **arms}}, indent=1) + "\n")
+    merged = {"base": base, "arms": {**old["arms"], **arms}}
+    merged["scorers"] = {**old.get("scorers", {}), **cfg.scorers}
+    tmp.write_text(json.dumps(merged, indent=1) + "\n")
     os.replace(tmp, record)
 
 
 def sweep(cfg: SweepConfig, runtime: str = "auto") -> dict[str, Any]:
     """Run (or resume) a whole sweep; returns the result written to output/results.json."""
     output = Path(cfg.output).resolve()
+    load_scorer_models(cfg.scorers)  # a scorer's missing weights: one line, before any build
     claim_output(cfg, output)
     ledger = score_sources(cfg, output)
     kept = make_arms(cfg, output)

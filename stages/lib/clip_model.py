@@ -6,7 +6,8 @@ to a uint8 array; `encode` (in the task, or in a GPU actor) normalizes and runs 
 returning L2-normalized float32 embeddings. Only uint8 pixels cross to an actor.
 
 `pretrained` may be an open_clip tag (`laion2b_s34b_b79k`), a local open_clip checkpoint file,
-an mmcurate training checkpoint (`runs/x/checkpoints/step-100.pt`), or None: random weights,
+an mmcurate training checkpoint (`runs/x/checkpoints/step-100.pt`, or the run folder `runs/x/`:
+its newest checkpoint, as `mmcurate eval` reads it), or None: random weights,
 seeded, so every worker holds the same model. `hf-hub:org/name` model names work as in open_clip.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -48,9 +50,9 @@ def load_open_clip(name: str, pretrained: str | None, device: str) -> tuple[Any,
         raise ConfigError(str(err)) from None
     if name.startswith(("hf-hub:", "local-dir:")) and not looks_like_path(pretrained):
         pretrained = None  # the folder or repo holds the weights; a tag means nothing there
-    state = None
+    state, source = None, pretrained
     if looks_like_path(pretrained):
-        state = local_weights(pretrained)
+        state = local_weights(newest_checkpoint(pretrained))
         pretrained = None if state is not None else pretrained
     logging.disable(logging.ERROR)  # open_clip logs its errors too; ours is the one line
     try:
@@ -60,10 +62,12 @@ def load_open_clip(name: str, pretrained: str | None, device: str) -> tuple[Any,
                 name, pretrained=pretrained, device="cpu"
             )
         if state is not None:
+            if "logit_bias" not in model.state_dict():  # SigLIP's bias: unused by a cosine
+                state = {k: v for k, v in state.items() if k != "logit_bias"}
             model.load_state_dict(state)
     except (RuntimeError, OSError, ValueError, KeyError, pickle.UnpicklingError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"cannot load {name!r} with pretrained {pretrained!r}: {first}") from None
+        raise ConfigError(f"cannot load {name!r} with pretrained {source!r}: {first}") from None
     finally:
         logging.disable(logging.NOTSET)
     return model.to(device).eval(), preprocess, open_clip.get_tokenizer(name)
@@ -73,6 +77,20 @@ def looks_like_path(pretrained: str | None) -> bool:
     if not pretrained:
         return False
     return os.path.sep in pretrained or pretrained.endswith((".pt", ".pth", ".bin", ".safetensors"))
+
+
+def newest_checkpoint(path: str) -> str:
+    """`path` itself, or for a folder (an `mmcurate train` run) its newest (highest step)
+    `checkpoints/step-N.pt`: ConfigError when it holds none."""
+    folder = os.path.expanduser(path)
+    if not os.path.isdir(folder):
+        return path
+    checkpoints = os.path.join(folder, "checkpoints")
+    names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+    steps = [(int(m.group(1)), n) for n in names if (m := re.fullmatch(r"step-(\d+)\.pt", n))]
+    if not steps:
+        raise ConfigError(f"pretrained: {path} holds no checkpoints/step-N.pt")
+    return os.path.join(checkpoints, max(steps)[1])
 
 
 def local_weights(path: str) -> dict | None:

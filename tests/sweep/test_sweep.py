@@ -69,7 +69,7 @@ def test_dedupe_in_the_base_build_is_refused(tmp_path, capsys):
 
 
 def test_the_example_config_loads():
-    cfg = load_sweep_config(Path(__file__).resolve().parents[1] / "configs" / "sweep_example.yaml")
+    cfg = load_sweep_config(Path(__file__).resolve().parents[2] / "configs" / "sweep_example.yaml")
     assert len(cfg.arms) == 8 and cfg.seeds == [0, 1, 2]
 
 

@@ -1,6 +1,6 @@
 """`mmcurate sweep` end to end on a tiny grid (issue 50): each arm's numbers equal the same arm
 run by hand through `mmcurate build`, `train` and `eval` with the same seed; the scorer runs
-once (tests/test_sweep_resume.py: kill -9 mid-sweep, then a rerun)."""
+once (tests/sweep/test_sweep_resume.py: kill -9 mid-sweep, then a rerun)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mmcurate.pipeline.sweep.task import eval_tree, train_tree
 import mmcurate
 from tests.kit_sweep import CLIP, EVAL, TRAIN, base_build, keys_of, make_sweep_data, sweep_tree
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # as Ray's one-CPU task workers
 
 

@@ -17,7 +17,7 @@ from mmcurate.pipeline.sweep.run import sweep
 from tests.builds.test_faults import wait_for
 from tests.kit_sweep import make_sweep_data, sweep_tree
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
