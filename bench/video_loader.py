@@ -24,7 +24,7 @@ same frame size, and the baseline after imports.
 
     .venv/bin/python bench/video_loader.py speed [--clips 48] [--workers 2] [--rounds 2]
     .venv/bin/python bench/video_loader.py memory [--clip-mib 1024]
-    .venv/bin/python bench/video_loader.py recipe [--epochs 3] [--demand 0.9] [--step sleep]
+    .venv/bin/python bench/video_loader.py recipe [--epochs 1] [--rounds 3] [--demand 0.9]
 
 recipe: bench/video_recipe.py (the data wait of docs/recipes.md's loop at 90% demand).
 """
@@ -126,9 +126,10 @@ def target(bucket: str, size: str | None) -> tuple[int, int]:
 def ours(manifest: Path, workers: int, batch: int, frames: int, size: str | None) -> int:
     schedule = [{"step": 0, "size": size}] if size else None
     loader = mmcurate.video_loader(
-        str(manifest), batch, frames, seed=SEED, workers=workers, schedule=schedule
+        str(manifest), batch, frames, seed=SEED, workers=workers, schedule=schedule, epochs=1
     )
-    return sum(len(b["__key__"]) for b in loader)
+    with loader:  # one epoch: its workers decode none of a next one (as the plain loop's)
+        return sum(len(b["__key__"]) for b in loader)
 
 
 class PlainLoop(torch.utils.data.IterableDataset):

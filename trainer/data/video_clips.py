@@ -181,8 +181,9 @@ def batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def warm_imports() -> None:
-    """Import in the training process what each loader worker would otherwise import anew
-    every epoch (the DataLoader forks its workers per epoch): decord, and the storage
+    """Import in the training process what each loader worker would otherwise import when
+    it starts (once a run: the workers live across epochs, trainer/data/video_epochs.py; again
+    after a resume): decord, and the storage
     clients' error types a shard read catches (core.storage.storage_errors: botocore,
     aiohttp; about 1.5 s of each worker's first batch, measured with py-spy)."""
     import decord  # noqa: F401

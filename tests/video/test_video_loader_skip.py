@@ -70,6 +70,7 @@ def test_loader_workers_leave_no_spill_folder_behind(tmp_path, monkeypatch):
     for epoch in range(2):
         loader.set_epoch(epoch)
         assert sum(len(batch["__key__"]) for batch in loader) == 8
+    loader.close()  # the workers live across epochs until then (trainer/data/video_epochs.py)
     assert [p.name for p in temp.iterdir() if p.name.startswith("mmcurate-spill-")] == []
 
 

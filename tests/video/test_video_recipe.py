@@ -8,7 +8,7 @@ from mmcurate.pipeline.video_data import encode_video
 
 import mmcurate
 
-RECIPES = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
+RECIPES = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
 
 
 def video_recipe() -> str:
