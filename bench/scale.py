@@ -225,7 +225,8 @@ def run_one(n: int, work: Path, publish_output: bool, keep: bool) -> dict:
 
 
 def check(n: int, work: Path) -> None:
-    """At n rows: the partitioned decisions equal the whole-table oracle (tests/builds/test_decide.py)."""
+    """At n rows: the partitioned decisions equal the whole-table oracle
+    (tests/builds/test_decide.py)."""
     import pyarrow.parquet as pq
     from mmcurate.core.mapreduce import LocalRunner
     from mmcurate.pipeline.decide.phase_b import decide
