@@ -30,6 +30,7 @@ from mmcurate.pipeline.sweep.scorers import (
     load_scorer_models,
     scorer_index,
     scorer_tree,
+    scorer_weights,
     scores_folder,
 )
 from mmcurate.pipeline.sweep.task import result_path, run_arm_seed
@@ -166,10 +167,18 @@ def claim_output(cfg: SweepConfig, output: Path) -> None:
         for name, value in new.items():
             if old.get(kind, {}).get(name, value) != value:
                 raise ConfigError(f"{kind}: {name} in {output} was defined otherwise; rename it")
+    weights = scorer_weights(cfg.build, cfg.scorers)
+    for name, now in weights.items():
+        if old.get("weights", {}).get(name, now) != now:
+            raise ConfigError(
+                f"scorers.{name}: its weights ({now['file']}) changed since {output} was scored "
+                "with them; use another output, or another scorer name"
+            )
     output.mkdir(parents=True, exist_ok=True)
     tmp = output / ".sweep.json.tmp"
     merged = {"base": base, "arms": {**old["arms"], **arms}}
     merged["scorers"] = {**old.get("scorers", {}), **cfg.scorers}
+    merged["weights"] = {**old.get("weights", {}), **weights}
     tmp.write_text(json.dumps(merged, indent=1) + "\n")
     os.replace(tmp, record)
 

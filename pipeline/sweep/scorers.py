@@ -56,6 +56,32 @@ def score_identity(options: Any) -> tuple:
     return tuple(values.values())
 
 
+def weights_of(options: dict[str, Any]) -> dict[str, Any] | None:
+    """The local file a scorer's `pretrained` loads (a run folder: its newest checkpoint), with
+    its size and modification time; None for a named weight tag or none. Why: sweep.json keeps
+    `pretrained` as written, and a run retrained in place would leave the old weights' scores
+    looking current."""
+    from mmcurate.stages.lib.clip_model import looks_like_path, newest_checkpoint
+
+    pretrained = options.get("pretrained")
+    if not looks_like_path(pretrained):
+        return None
+    try:
+        path = os.path.realpath(newest_checkpoint(pretrained))
+        stat = os.stat(path)
+    except (ConfigError, OSError):
+        return None  # said in one line when the model is loaded (load_scorer_models)
+    return {"file": path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def scorer_weights(build: dict[str, Any], scorers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`weights_of` for every scorer (the base one as `clip_score`) whose weights are a file."""
+    index = scorer_index(build)
+    named = {DEFAULT_SCORER: build["stages"][index] if index is not None else {}, **scorers}
+    found = {name: weights_of(options) for name, options in named.items()}
+    return {name: weights for name, weights in found.items() if weights is not None}
+
+
 def check_scorers(build: dict[str, Any], scorers: dict[str, dict[str, Any]]) -> None:
     """Each scorer once: its name not the base build's scorer's, its options not those of
     another scorer (the same scores computed twice); ConfigError, one line."""

@@ -132,6 +132,19 @@ def test_recommendation_says_when_the_best_arm_is_not_separable():
     assert rec["test"]["mean"] == pytest.approx(0.1)
 
 
+def test_more_seeds_of_the_same_spread_separate_what_two_cannot():
+    """The gap against its standard error over seeds: two seeds leave a 0.10 gap inside the
+    noise; eight seeds with the same spread separate it, though the arms' min-max ranges still
+    touch (a rule on overlapping ranges only gets stricter as seeds are added)."""
+    metric = "image_retrieval_recall@1"
+    two = recommend(summarize(runs({"a": [0.5, 0.6], "b": [0.4, 0.5]}), metric), metric)
+    assert two["separable"] is False and "within twice its standard error" in two["text"]
+    eight = runs({"a": [0.5, 0.6] * 4, "b": [0.4, 0.5] * 4})
+    rec = recommend(summarize(eight, metric), metric)
+    assert rec["separable"] is True and rec["gap"] == pytest.approx(0.1)
+    assert rec["gap_se"] == pytest.approx((2 * 0.0028571428 / 8) ** 0.5, rel=1e-4)
+
+
 def test_the_report_renders_in_a_browser(tmp_path):
     from mmcurate.pipeline.sweep.report import write_report
 

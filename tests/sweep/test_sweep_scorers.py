@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from mmcurate.core.config_io import ConfigError
 from mmcurate.core.formats import CHECKPOINT_FORMAT
 from mmcurate.pipeline.sweep.arms import read_scores, top_fraction
 from mmcurate.pipeline.sweep.config import load_sweep_config
-from mmcurate.pipeline.sweep.run import main, sweep
+from mmcurate.pipeline.sweep.run import claim_output, main, sweep
 from mmcurate.stages.lib.clip_model import load_open_clip
 from mmcurate.stages.registry import build_stage
 from mmcurate.trainer.models import load_eval_model, resolve_weights
@@ -120,6 +121,33 @@ def test_a_run_folder_and_its_checkpoint_are_one_scorer(tmp_path, capsys):
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**tree, "arms": [ARM_A]}))
     assert main([str(tmp_path / "sweep.yaml")]) == 2
     assert "scorers.b: scores as a does" in capsys.readouterr().err
+
+
+def test_a_scorer_retrained_in_place_is_refused_not_reused(tmp_path):
+    """sweep.json records the file a scorer's `pretrained` loads (size, modification time):
+    a run folder with a newer checkpoint, or the same checkpoint file rewritten, makes a rerun
+    refuse in one line instead of reusing the scores of the weights it had before."""
+    model, _, _ = load_open_clip("mmcurate-tiny", None, "cpu")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    torch.save(
+        {"format": CHECKPOINT_FORMAT, "model": model.state_dict()}, checkpoints / "step-3.pt"
+    )
+    tree = base(tmp_path)
+    tree["scorers"] = {"dfn": {**TINY, "pretrained": str(tmp_path / "run")}}
+    tree["arms"] = [{"name": "d", "keep_top_fraction": 0.5, "scorer": "dfn"}]
+    cfg, out = load_sweep_config(tree), tmp_path / "out"
+    claim_output(cfg, out)
+    claim_output(cfg, out)  # the same weights: a rerun goes on
+    newer = checkpoints / "step-5.pt"
+    torch.save({"format": CHECKPOINT_FORMAT, "model": model.state_dict()}, newer)
+    with pytest.raises(ConfigError, match=r"scorers.dfn: its weights \(.*step-5.pt\) changed"):
+        claim_output(cfg, out)
+    newer.unlink()
+    rewritten = {"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "step": 3}
+    torch.save(rewritten, checkpoints / "step-3.pt")
+    with pytest.raises(ConfigError, match=r"its weights \(.*step-3.pt\) changed"):
+        claim_output(cfg, out)
 
 
 def base(tmp_path: Path) -> dict:
