@@ -266,7 +266,12 @@ def test_copies_kept_read_their_payloads_from_other_candidates(tmp_path, image_f
 
 
 def test_copies_on_ray_read_the_same_references(ray_session, tmp_path, image_folder):
-    """The index as a Ray actor: the same shards as a build that stores every payload."""
+    """The index as a Ray actor: the same shards as a build that stores every payload. How
+    many copies it saves is not asserted here: a partition's payloads count only once the
+    driver has its task's result, so copies in partitions that run at the same time are both
+    stored (the in-flight window), and which ones do depends on the machine's load (it once
+    stored every copy under a loaded CI run). The saving is asserted on the local runtime
+    above (one worker: its partitions run one after another)."""
     folder = image_folder(n=14, exact_copies=6, broken=0, seed=3)
 
     def cfg(out: str) -> dict:
@@ -275,8 +280,6 @@ def test_copies_on_ray_read_the_same_references(ray_session, tmp_path, image_fol
 
     manifest, _, sizes = local_peak(tmp_path / "ray", cfg(str(tmp_path / "ray")))
     assert [n for n in sizes if n.endswith(".media.parquet")]
-    stored = tar_bytes(sizes, "/_work/candidates/")
-    assert stored < sum(s["bytes"] for s in manifest["shards"])
     off = run_build(BuildConfig.model_validate(copies_off(cfg(str(tmp_path / "off")))), False)
     assert off["shards"] == manifest["shards"]
 
