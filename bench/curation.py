@@ -186,24 +186,32 @@ def arms(plan: Plan) -> list[dict[str, Any]]:
     return grid
 
 
-def sweep_tree(plan: Plan, work: Path, checkpoint: Path) -> dict[str, Any]:
-    """SWEEP.yaml: the bench's clip.yaml / train.yaml / eval.yaml at the plan's sizes."""
-    build = yaml.safe_load((CONFIGS / "clip.yaml").read_text())
-    build["stages"][1]["pretrained"] = str(checkpoint)
+def proxy_tree(work: Path, batch: int, steps: int) -> dict[str, Any]:
+    """What every curation sweep shares: the proxy's train.yaml at batch x steps (equal
+    compute per arm), eval.yaml, and the held-out splits decode-built under work/builds."""
     train = yaml.safe_load((CONFIGS / "train.yaml").read_text())
-    train["data"]["batch_size"] = plan.batch
-    train["run"].update(max_steps=plan.steps, log_every=plan.steps)
+    train["data"]["batch_size"] = batch
+    train["run"].update(max_steps=steps, log_every=steps)
     builds = work / "builds"
     return {
-        "build": build,
-        "sources": {"raw": str(work / "data" / "raw"), "clean": str(work / "data" / "seed")},
-        "dedupe": [{"name": "exact_dedupe"}, {"name": "near_dedupe", "radius": 4}],
         "train": train,
         "eval": yaml.safe_load((CONFIGS / "eval.yaml").read_text()),
         "splits": {
             "validation": str(builds / "eval-val" / "manifest.json"),
             "test": str(builds / "eval-test" / "manifest.json"),
         },
+    }
+
+
+def sweep_tree(plan: Plan, work: Path, checkpoint: Path) -> dict[str, Any]:
+    """SWEEP.yaml: the bench's clip.yaml / train.yaml / eval.yaml at the plan's sizes."""
+    build = yaml.safe_load((CONFIGS / "clip.yaml").read_text())
+    build["stages"][1]["pretrained"] = str(checkpoint)
+    return {
+        "build": build,
+        "sources": {"raw": str(work / "data" / "raw"), "clean": str(work / "data" / "seed")},
+        "dedupe": [{"name": "exact_dedupe"}, {"name": "near_dedupe", "radius": 4}],
+        **proxy_tree(work, plan.batch, plan.steps),
         "metric": METRIC,
         "seeds": plan.seeds,
         "arms": arms(plan),

@@ -7,23 +7,13 @@ sweep's (issue 50: each arm's numbers equal the same arm run by hand)."""
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
 from bench.curation import CONFIGS, Plan, arms, mmcurate, run, sets, train_cmd
+from tests.kit_sweep import keys_of
 
 SPLITS = {"validation": "eval-val", "test": "eval-test"}
-
-
-def keys_of(build: Path) -> list[str]:
-    """Sample keys in shard order (the order training reads them in)."""
-    manifest = json.loads((build / "manifest.json").read_text())
-    keys: list[str] = []
-    for shard in manifest["shards"]:
-        with tarfile.open(build / shard["name"]) as tar:
-            keys += [n.partition(".")[0] for n in tar.getnames() if n.endswith(".txt")]
-    return keys
 
 
 def last_loss(run_dir: Path) -> float:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,6 +40,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
+from mmcurate.pipeline.sweep.report import spread  # noqa: E402
+
 from bench.curation import (  # noqa: E402
     CONFIGS,
     REPO,
@@ -50,6 +51,7 @@ from bench.curation import (  # noqa: E402
     mmcurate,
     prepare,
     prepare_work,
+    proxy_tree,
     run,
     train_cmd,
 )
@@ -108,30 +110,16 @@ def sweep_tree(bench: Bench, work: Path, web: Path, dfn_run: Path) -> dict[str, 
     """SWEEP.yaml: the plain CLIP as the base build's scorer, the filter network as `dfn`."""
     build = yaml.safe_load((CONFIGS / "clip.yaml").read_text())
     build["stages"][1]["pretrained"] = str(web)
-    train = yaml.safe_load((CONFIGS / "train.yaml").read_text())
-    train["data"]["batch_size"] = bench.batch
-    train["run"].update(max_steps=bench.steps, log_every=bench.steps)
-    builds = work / "builds"
     return {
         "build": build,
         "sources": {"raw": str(work / "data" / "raw")},
         "scorers": {"dfn": {"model": "mmcurate-tiny", "pretrained": str(dfn_run)}},
-        "train": train,
-        "eval": yaml.safe_load((CONFIGS / "eval.yaml").read_text()),
-        "splits": {
-            "validation": str(builds / "eval-val" / "manifest.json"),
-            "test": str(builds / "eval-test" / "manifest.json"),
-        },
+        **proxy_tree(work, bench.batch, bench.steps),
         "metric": METRICS["i2t"],
         "seeds": bench.seeds,
         "arms": arms(bench),
         "output": str(work / "sweep"),
     }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values)}
 
 
 def figures(result: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -46,13 +46,15 @@ from bench.curation import (  # noqa: E402
     decode_build,
     mmcurate,
     prepare_work,
+    proxy_tree,
     run,
     sets,
     split_eval,
 )
 from bench.curation_data import BACKGROUNDS  # noqa: E402
 from bench.tmars_data import ROLES, TmarsSizes, make_tmars_sets  # noqa: E402
-from bench.tmars_report import detection, keys_of, read_check, scores_by_role, summary  # noqa: E402
+from bench.tmars_report import detection, read_check, scores_by_role, summary  # noqa: E402
+from tests.kit_sweep import keys_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -129,19 +131,10 @@ def reads_text(plan: Plan, work: Path, checkpoint: Path) -> dict[str, Any]:
 def sweep_tree(plan: Plan, work: Path, checkpoint: Path, tmars: bool) -> dict[str, Any]:
     """One sweep: the plain or the T-MARS scorer; the same proxy, splits, seeds and keep."""
     name = "tmars" if tmars else "clip"
-    train = yaml.safe_load((CONFIGS / "train.yaml").read_text())
-    train["data"]["batch_size"] = plan.batch
-    train["run"].update(max_steps=plan.steps, log_every=plan.steps)
     arms = [{"name": f"{name}-{round(plan.keep * 100)}", "keep_top_fraction": plan.keep}]
-    builds = work / "builds"
     return {
         "build": build_tree(plan, work / "data" / "raw", work / "unused", checkpoint, tmars),
-        "train": train,
-        "eval": yaml.safe_load((CONFIGS / "eval.yaml").read_text()),
-        "splits": {
-            "validation": str(builds / "eval-val" / "manifest.json"),
-            "test": str(builds / "eval-test" / "manifest.json"),
-        },
+        **proxy_tree(work, plan.batch, plan.steps),
         "metric": METRIC,
         "seeds": plan.seeds,
         "arms": arms,

@@ -14,16 +14,6 @@ from mmcurate.pipeline.sweep.arms import read_scores
 METRIC = "text_retrieval_recall@1"
 
 
-def keys_of(build: Path) -> list[str]:
-    """Sample keys of a build (manifest order)."""
-    manifest = json.loads((build / "manifest.json").read_text())
-    keys: list[str] = []
-    for shard in manifest["shards"]:
-        with tarfile.open(build / shard["name"]) as tar:
-            keys += [n.partition(".")[0] for n in tar.getnames() if n.endswith(".txt")]
-    return keys
-
-
 def read_check(build: Path) -> dict[str, Any]:
     """Per mis-captioned pair, score(with its words written in) - score(same picture without):
     the mean, its sd, and the share of pairs where the score rises."""

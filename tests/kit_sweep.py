@@ -48,6 +48,7 @@ def sweep_tree(data: dict[str, Path], out: Path, arms: list[dict], seeds: list[i
 
 
 def keys_of(build: Path) -> list[str]:
+    """Sample keys in shard order (the order training reads them in)."""
     manifest = json.loads((build / "manifest.json").read_text())
     keys: list[str] = []
     for shard in manifest["shards"]:

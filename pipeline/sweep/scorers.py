@@ -42,36 +42,38 @@ def scorer_stage(name: str, options: dict[str, Any]) -> Any:
         raise ConfigError(f"scorers.{name}: {str(err).removeprefix('stages.0')}") from None
 
 
+def weights_file(pretrained: str | None) -> str | None:
+    """The local file `pretrained` loads (a run folder: its newest checkpoint), resolved; None
+    for a named weight tag, none, or a path that does not resolve (said in one line when the
+    model is loaded: load_scorer_models)."""
+    from mmcurate.stages.lib.clip_model import looks_like_path, newest_checkpoint
+
+    if not looks_like_path(pretrained):
+        return None
+    try:
+        return os.path.realpath(newest_checkpoint(pretrained))
+    except ConfigError:
+        return None
+
+
 def score_identity(options: Any) -> tuple:
     """What decides a scorer's scores; a local `pretrained` as the file it loads (a run
     folder and its newest checkpoint are the same weights)."""
-    from mmcurate.stages.lib.clip_model import looks_like_path, newest_checkpoint
-
     values = {key: getattr(options, key) for key in SCORE_KEYS}
-    if looks_like_path(values["pretrained"]):
-        try:
-            values["pretrained"] = os.path.realpath(newest_checkpoint(values["pretrained"]))
-        except ConfigError:
-            pass  # said in one line when the model is loaded (load_scorer_models)
+    values["pretrained"] = weights_file(values["pretrained"]) or values["pretrained"]
     return tuple(values.values())
 
 
 def weights_of(options: dict[str, Any]) -> dict[str, Any] | None:
-    """The local file a scorer's `pretrained` loads (a run folder: its newest checkpoint), with
-    its size and modification time; None for a named weight tag or none. Why: sweep.json keeps
-    `pretrained` as written, and a run retrained in place would leave the old weights' scores
-    looking current."""
-    from mmcurate.stages.lib.clip_model import looks_like_path, newest_checkpoint
-
-    pretrained = options.get("pretrained")
-    if not looks_like_path(pretrained):
-        return None
+    """`weights_file` with its size and modification time. Why: sweep.json keeps `pretrained`
+    as written, and a run retrained in place would leave the old weights' scores looking
+    current."""
+    path = weights_file(options.get("pretrained"))
     try:
-        path = os.path.realpath(newest_checkpoint(pretrained))
-        stat = os.stat(path)
-    except (ConfigError, OSError):
-        return None  # said in one line when the model is loaded (load_scorer_models)
-    return {"file": path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        stat = os.stat(path) if path else None
+    except OSError:
+        return None
+    return {"file": path, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns} if stat else None
 
 
 def scorer_weights(build: dict[str, Any], scorers: dict[str, dict[str, Any]]) -> dict[str, Any]:
