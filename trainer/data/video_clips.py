@@ -7,7 +7,6 @@ a byte budget of them in memory, the rest in files.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,6 @@ from typing import IO, Any
 
 import fsspec
 import pyarrow.parquet as pq
-import torch
 from mmcurate.core.manifest import Shard
 from mmcurate.core.spill import Spilled, release, remove_folder, spill_bytes, spill_folder
 from mmcurate.core.storage import storage_errors
@@ -168,16 +166,6 @@ class ClipStore:
             release_sample(sample)
         self.held.clear()
         self.bytes = 0
-
-
-def batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 batch. In a loader worker it lives in shared memory from the
-    start, so the DataLoader hands it over without copying it there (0.1 s per 44 MB batch
-    measured, more than a third of the decode at full size); elsewhere, plain memory."""
-    if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(math.prod(shape))
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 def warm_imports() -> None:

@@ -44,7 +44,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -53,6 +52,7 @@ import torch
 from mmcurate.core.manifest import Manifest
 from mmcurate.core.spill import Spilled
 from mmcurate.trainer.data.batch import NoData
+from mmcurate.trainer.data.batch_buffers import SENT_KEY, BatchBuffers, Buffer, Sent
 from mmcurate.trainer.data.bucket_plan import (
     BucketEpoch,
     BucketWorkerPlan,
@@ -72,7 +72,6 @@ from mmcurate.trainer.data.plan import Layout, epoch_pieces
 from mmcurate.trainer.data.video_clips import (
     ClipReader,
     ClipStore,
-    batch_tensor,
     release_sample,
     video_member,
 )
@@ -122,8 +121,8 @@ class VideoDataset(BucketDataset):
         self.held_peak = 0  # the most bytes of waiting clips held in memory at once
         self.failed: dict[str, int] = {}  # clips replaced in this worker, by reason
         self.threads = options.pop("threads", 1)  # decord's, per clip (decode_threads)
-        self.keep_sent = 0  # batches a worker keeps a reference to after sending (keep)
-        self._sent: tuple[int, deque] | None = None  # (process id, those batches)
+        self.keep_sent = 0  # batch buffers a worker keeps (batch_buffers.py; set by the loader)
+        self._buffers: tuple[int, BatchBuffers] | None = None  # (process id, its buffers)
         labels = BucketLabels(index.names, index.labels(self.phases[0].frames))
         super().__init__(manifest, batch_size, labels=labels, **options)
 
@@ -240,7 +239,9 @@ class VideoDataset(BucketDataset):
         of the batch; a batch with none is skipped (Skipped, counted)."""
         bucket, phase = where
         width, height = scaled_size(*parse_bucket(bucket), phase.area)
-        video = self.keep(batch_tensor((len(raws), phase.frames, height, width, 3)))
+        shape = (len(raws), phase.frames, height, width, 3)
+        buffer = self.batch_buffer(shape)  # None outside a loader worker
+        video = torch.empty(shape, dtype=torch.uint8) if buffer is None else buffer.tensor
         slots = video.numpy()
         clips = [
             self.clip(raw, int(frames[p]), where, epoch, slots[i])
@@ -248,13 +249,15 @@ class VideoDataset(BucketDataset):
         ]
         good = [i for i, clip in enumerate(clips) if clip is not None]
         if not good:
+            if buffer is not None:
+                BatchBuffers.unused(buffer)
             self.fail("batch_skipped")
             return Skipped(bucket, len(raws))
         for i, clip in enumerate(clips):
             if clip is None:  # another clip of the batch in its place
                 clips[i] = clips[good[i % len(good)]]
                 slots[i] = slots[good[i % len(good)]]
-        return {
+        batch = {
             # [B, T, C, H, W], a view: a transposing copy here cost more than decoding (0.34 s
             # per 44 MB batch); the step's own copy (to the GPU, to float) does it for free
             "video": video.permute(0, 1, 4, 2, 3),
@@ -263,18 +266,18 @@ class VideoDataset(BucketDataset):
             "bucket": bucket,
             "frame_start": [clip.start for clip in clips],
         }
+        if buffer is not None:  # pickled after `video`: the buffer was handed over
+            batch[SENT_KEY] = Sent(buffer)
+        return batch
 
-    def keep(self, video: torch.Tensor) -> torch.Tensor:
-        """Hold the worker's last `keep_sent` batch tensors. Why: whichever process lets go
-        of a shared-memory batch last frees its pages (about 25 ms for a 44 MB batch,
-        measured); held here until the training process has surely let go (more batches
-        than the worker can have queued), the worker pays that, not the training step."""
-        if not self.keep_sent or get_worker_info() is None:
-            return video
-        if self._sent is None or self._sent[0] != os.getpid():
-            self._sent = (os.getpid(), deque(maxlen=self.keep_sent))
-        self._sent[1].append(video)
-        return video
+    def batch_buffer(self, shape: tuple[int, ...]) -> Buffer | None:
+        """In a loader worker, a shared-memory batch tensor, reused once no other process
+        holds it (trainer/data/batch_buffers.py); None in the training process itself."""
+        if get_worker_info() is None:
+            return None
+        if self._buffers is None or self._buffers[0] != os.getpid():
+            self._buffers = (os.getpid(), BatchBuffers(self.keep_sent))
+        return self._buffers[1].take(shape)
 
     def clip(
         self,

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from mmcurate.trainer.data.batch_buffers import SENT_KEY
 from mmcurate.trainer.data.ring import Batches, batch_priority
 from mmcurate.trainer.data.video_windows import Skipped, phase_at, scaled_size
 from torch.utils.data import DataLoader
@@ -77,7 +78,7 @@ class VideoLoader:
             # files, not descriptors fetched from each busy worker (process-wide in torch).
             torch.multiprocessing.set_sharing_strategy("file_system")
             # A worker can have `prefetch` batches queued and the step holds one or two:
-            # it keeps more than that, so that it frees each (VideoDataset.keep).
+            # it keeps buffers for all of them and the one it decodes (batch_buffers.py).
             dataset.keep_sent = self.prefetch + 3
         self.loader = Batches(
             DataLoader(
@@ -168,6 +169,8 @@ class VideoLoader:
                 if last is None or self.dataset.world == 1:
                     continue
                 batch = last  # with ranks, every rank must take the same number of steps
+            if isinstance(batch, dict):
+                batch.pop(SENT_KEY, None)  # the worker's marker (batch_buffers.Sent)
             last = batch
             yield batch
 
