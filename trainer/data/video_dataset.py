@@ -25,8 +25,9 @@ continues exactly; shards come through the node's shard cache or streamed and ve
   packets ahead, which for such a clip is much memory; docs/scale.md gives the bound). A
   clip that cannot be decoded (or is not its bucket's size) is replaced by another clip of its
   batch (counted in the worker's log: `decode_failed`, `off_bucket`); a batch with none is
-  skipped (`VideoLoader.skipped`). Windows are decoded into the batch's tensor, made in shared
-  memory in a worker: it reaches the training process with no copy.
+  skipped (`VideoLoader.skipped`). Windows are decoded into the batch's tensor, in shared
+  memory in a worker (a buffer reused once no other process holds it: batch_buffers.py): it
+  reaches the training process with no copy.
 - Progressive resolution (`schedule`): phases from a global step (batches handed out since
   training began, kept in the state), each with its window length and frame size
   (video_windows.py). The rank's batch i of an epoch begun at step S is step S + i (as the

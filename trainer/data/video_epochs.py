@@ -17,7 +17,8 @@ starts workers at that place, which is exactly what the plan gives there (resume
 trainer/data/plan.py). `close()` (or the loader's end) stops the workers.
 
 Queue depth: each worker may have `prefetch_batches(...)` batches ready ahead of the step,
-as many as fit in `prefetch_bytes` (of its largest batch), at least 2, at most 8.
+as many as fit in `prefetch_bytes` (of its largest batch), at least 2, at most 8. With
+workers, a thread of the training process takes them ahead of the loop (receiver.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from mmcurate.trainer.data.batch_buffers import SENT_KEY
+from mmcurate.trainer.data.receiver import Receiver
 from mmcurate.trainer.data.ring import Batches, batch_priority
 from mmcurate.trainer.data.video_windows import Skipped, phase_at, scaled_size
 from torch.utils.data import DataLoader
@@ -77,9 +79,10 @@ class VideoLoader:
             # As trainer/data/dataset.py's make_loader: batches pass as named shared-memory
             # files, not descriptors fetched from each busy worker (process-wide in torch).
             torch.multiprocessing.set_sharing_strategy("file_system")
-            # A worker can have `prefetch` batches queued and the step holds one or two:
-            # it keeps buffers for all of them and the one it decodes (batch_buffers.py).
-            dataset.keep_sent = self.prefetch + 3
+            # Buffers a worker may have in use: the one it decodes, `prefetch` queued, and
+            # its share of those the training process holds (receiver.py: the one being
+            # taken, one ready, the loop's, one kept, one being let go; batch_buffers.py).
+            dataset.keep_sent = self.prefetch + 5
         self.loader = Batches(
             DataLoader(
                 dataset,
@@ -98,7 +101,7 @@ class VideoLoader:
         # Why at exit too: multiprocessing's own exit hook would kill the daemon workers,
         # which then leave their spill folders behind; stopped first, they remove them.
         self._open: list[Iterator[Any]] = []  # the stream, for the exit hook (not self)
-        weakref.finalize(self, self._open.clear)
+        weakref.finalize(self, close_streams, self._open)
 
     @property
     def buckets(self) -> tuple[str, ...]:
@@ -188,22 +191,28 @@ class VideoLoader:
         self.dataset.set_epoch(self.epoch, left)
         self.dataset.resume_at(self.epoch, self.consumed)
         batches = iter(self.loader)
+        if self.workers:  # taken from the workers in a thread, ahead of the loop
+            batches = Receiver(batches)
         self._stream = (batches, place)
         self._open.append(batches)
         return batches
 
     def close(self) -> None:
         """Stop the workers (a later iteration starts new ones at the loader's place)."""
-        if self._stream is not None:
-            self._stream[0].close()  # its DataLoader iterator goes, and stops its workers
-            self._stream = None
-        self._open.clear()
+        self._stream = None
+        close_streams(self._open)  # its DataLoader iterator goes, and stops its workers
 
     def __enter__(self) -> VideoLoader:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def close_streams(streams: list[Any]) -> None:
+    """Close the open streams (the loader's close and its exit hook)."""
+    while streams:
+        streams.pop().close()
 
 
 def schedule_of(phases: Any) -> list[list[Any]]:
