@@ -275,8 +275,12 @@ def work(
         messages.put(Done(None))
     except BaseException:  # noqa: BLE001 - handed to the training process, which raises it
         messages.put(Done(traceback.format_exc()))
-    if stop.is_set():
-        messages.cancel_join_thread()  # nobody reads any more: exit without flushing
+    # Why wait for the loader's end: a batch sent whole (not in the ring) lives in shared
+    # memory that is unlinked once this process has exited, unless the training process has
+    # opened it already; it reads the workers in turn, so it may not have yet.
+    while not stop.wait(WAIT_S):
+        exit_if_orphaned()
+    messages.cancel_join_thread()  # nobody reads any more: exit without flushing
 
 
 def batch_priority(_worker: int = 0) -> None:
