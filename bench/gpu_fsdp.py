@@ -34,7 +34,7 @@ from mmcurate.trainer.config import TrainConfig  # noqa: E402
 from mmcurate.trainer.dist.fsdp import is_fsdp  # noqa: E402
 from mmcurate.trainer.dist.world import Dist  # noqa: E402
 from mmcurate.trainer.probe.ladder import climb, free  # noqa: E402
-from mmcurate.trainer.step import build_parts  # noqa: E402
+from mmcurate.trainer.step import build_learner  # noqa: E402
 
 
 def join_alone(device: str) -> None:
@@ -58,9 +58,9 @@ def tree(args: argparse.Namespace, manifest: str, output: str, batch: int) -> di
 def ladder(args: argparse.Namespace, device: torch.device) -> int | None:
     """Each rung's JSON line; returns the largest batch that fitted (None: not one)."""
     cfg = TrainConfig.model_validate(tree(args, "unused", "unused", args.batches[0]))
-    parts, (_, tokenizer) = build_parts(cfg, Dist(device=device), 1000)
+    learner, (_, tokenizer) = build_learner(cfg, Dist(device=device), 1000)
     fitted: list[int] = []
-    sharded = is_fsdp(parts.model)
+    sharded = is_fsdp(learner.model)
 
     def report(result: dict) -> None:
         result = {
@@ -73,9 +73,9 @@ def ladder(args: argparse.Namespace, device: torch.device) -> int | None:
             result["peak_memory_gib"] = round(result.pop("peak_memory_bytes") / 2**30, 2)
         print(json.dumps(result), flush=True)
 
-    climb(parts, tokenizer, cfg.probe, report)
-    free(parts)
-    del parts
+    climb(learner, tokenizer, cfg.probe, report)
+    free(learner)
+    del learner
     return max(fitted, default=None)
 
 

@@ -31,7 +31,7 @@ from mmcurate.trainer.resume import (
     save_shards,
     save_state,
 )
-from mmcurate.trainer.step import Parts, build_parts, guarded_step
+from mmcurate.trainer.step import Learner, build_learner, guarded_step
 from torch.distributed.tensor import DTensor
 
 STRATEGIES = {"ddp": ("ddp", False), "zero": ("ddp", True), "fsdp": ("fsdp", False)}
@@ -50,11 +50,11 @@ def config(manifest: str, output: Path, name: str, resume: bool = False) -> Trai
     )
 
 
-def step(parts: Parts, tokenizer, place: Dist, seed: int) -> None:
+def step(learner: Learner, tokenizer, place: Dist, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed * 10 + place.rank)
     images = torch.rand(4, 3, 64, 64, generator=generator)
     tokens = tokenizer([f"a photo of thing {i}" for i in range(4)])
-    guarded_step(parts, [Batch(images, tokens, [f"k{i}" for i in range(4)])])
+    guarded_step(learner, [Batch(images, tokens, [f"k{i}" for i in range(4)])])
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -62,12 +62,12 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
 
 
-def moments(parts: Parts) -> dict[str, torch.Tensor]:
+def moments(learner: Learner) -> dict[str, torch.Tensor]:
     """{name: exp_avg} of the parameters whose Adam state this rank holds."""
-    state = parts.optimizer.optim.state if is_zero(parts.optimizer) else parts.optimizer.state
+    state = learner.optimizer.optim.state if is_zero(learner.optimizer) else learner.optimizer.state
     return {
         name: whole(state[p]["exp_avg"]).clone()
-        for name, p in parts.core.named_parameters()
+        for name, p in learner.core.named_parameters()
         if p in state
     }
 
@@ -77,33 +77,33 @@ def write(out: Path, manifest: str, place: Dist) -> None:
         folder = out / f"{name}-w{place.world}"
         cfg = config(manifest, folder, name)
         torch.manual_seed(0)
-        parts, (_, tokenizer) = build_parts(cfg, place, 10)
+        learner, (_, tokenizer) = build_learner(cfg, place, 10)
         for seed in (1, 2):
-            step(parts, tokenizer, place, seed)
-        held = moments(parts)
-        gathered = weights_and_optimizer(parts)
-        shards = save_shards(parts, cfg, 2)
+            step(learner, tokenizer, place, seed)
+        held = moments(learner)
+        gathered = weights_and_optimizer(learner)
+        shards = save_shards(learner, cfg, 2)
         if place.rank == 0:
             state = LoopState(step=2, batches_in_epoch=2, samples_seen=8 * place.world)
-            save_state(parts, state, cfg, place.world, SAMPLES, None, gathered, shards)
+            save_state(learner, state, cfg, place.world, SAMPLES, None, gathered, shards)
         folder.mkdir(parents=True, exist_ok=True)  # rank 0 may not have made it yet
         torch.save(held, folder / f"moments-rank{place.rank}.pt")
         barrier(place)
 
 
-def check(parts: Parts, folder: Path) -> str | None:
-    """What differs between `parts` and the checkpoint written into `folder`, or None."""
+def check(learner: Learner, folder: Path) -> str | None:
+    """What differs between `learner` and the checkpoint written into `folder`, or None."""
     saved = load_checkpoint(str(folder / "checkpoints" / "step-2.pt"))["model"]
-    for name, p in parts.core.named_parameters():
+    for name, p in learner.core.named_parameters():
         if not torch.equal(whole(p), saved[name]):
             return f"weight {name} differs"
     reference = {}
     for path in folder.glob("moments-rank*.pt"):
         reference |= torch.load(path, weights_only=True)
-    decay = [group["weight_decay"] for group in parts.optimizer.param_groups]
+    decay = [group["weight_decay"] for group in learner.optimizer.param_groups]
     if decay != [0.0, 0.1]:  # step.param_groups' settings, restored with the state
         return f"weight decay {decay}"
-    held = moments(parts)
+    held = moments(learner)
     if not held:
         return "no Adam state restored"
     for name, value in held.items():
@@ -118,16 +118,16 @@ def read(out: Path, manifest: str, place: Dist) -> None:
         for name in STRATEGIES:
             cfg = config(manifest, folder, name, resume=True)
             torch.manual_seed(7)  # other initial weights: the resume must replace them
-            parts, (_, tokenizer) = build_parts(cfg, place, 10)
+            learner, (_, tokenizer) = build_learner(cfg, place, 10)
             row = {"writer": folder.name, "reader": f"{name}-w{place.world}", "rank": place.rank}
             try:
                 path = previous_checkpoint(cfg, str(folder), place)
-                state = restore_state(parts, path, cfg, place.world, SAMPLES)
+                state = restore_state(learner, path, cfg, place.world, SAMPLES)
             except ConfigError as err:
                 rows.append(row | {"refused": str(err)})
                 continue
-            problem = check(parts, folder) or (None if state.step == 2 else f"step {state.step}")
-            step(parts, tokenizer, place, 3)  # and it trains on
+            problem = check(learner, folder) or (None if state.step == 2 else f"step {state.step}")
+            step(learner, tokenizer, place, 3)  # and it trains on
             rows.append(row | {"problem": problem, "ok": problem is None})
     lines = "".join(json.dumps(row) + "\n" for row in rows)
     (out / f"results-w{place.world}-rank{place.rank}.jsonl").write_text(lines)

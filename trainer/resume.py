@@ -32,7 +32,7 @@ from mmcurate.trainer.dist.world import Dist, barrier, from_rank0
 from mmcurate.trainer.loop_state import LoopState, loader_state, manifest_digest
 from mmcurate.trainer.models import open_clip_state_dict
 from mmcurate.trainer.outputs import remove_run
-from mmcurate.trainer.step import Parts
+from mmcurate.trainer.step import Learner
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ RESPLIT = {"world", "workers"}  # changed mid-epoch, the rest of the epoch is re
 
 
 def save_state(
-    parts: Parts,
+    learner: Learner,
     state: LoopState,
     cfg: TrainConfig,
     world: int,
@@ -60,7 +60,7 @@ def save_state(
     once), so `create_model_and_transforms(name, pretrained=PATH)` takes the file as it is.
     `gathered`: (model, optimizer) state already gathered from the ranks (strategy fsdp:
     no optimizer, it is in the DCP folder `sharded`, trainer/dist/sharded.py)."""
-    weights, optimizer = gathered or weights_and_optimizer(parts)
+    weights, optimizer = gathered or weights_and_optimizer(learner)
     where = {"optimizer": optimizer} if sharded is None else {"sharded": sharded}
     return save_checkpoint(
         checkpoint_path(cfg.run.output, state.step),
@@ -70,8 +70,8 @@ def save_state(
             "model": weights,
             "state_dict": open_clip_state_dict(weights, cfg.model.name),
             **where,
-            "scheduler": parts.scheduler.state_dict(),
-            "scaler": parts.scaler.state_dict(),
+            "scheduler": learner.scheduler.state_dict(),
+            "scaler": learner.scaler.state_dict(),
             "loader": loader_state(state, cfg, world, manifest_samples),
             "config": cfg.redacted(),
         },
@@ -81,14 +81,14 @@ def save_state(
 
 
 def restore_state(
-    parts: Parts,
+    learner: Learner,
     path: str,
     cfg: TrainConfig,
     world: int,
     manifest_samples: int,
     digest: str | None = None,
 ) -> LoopState:
-    """Load a checkpoint into `parts` and return where the data continues. Mid-epoch, the
+    """Load a checkpoint into `learner` and return where the data continues. Mid-epoch, the
     loader layout must match the one that wrote it (else the plan would differ); `digest` is
     the data's `manifest_digest` now (a checkpoint written without one is not compared)."""
     ckpt = read_resumable(path, cfg)
@@ -114,9 +114,9 @@ def restore_state(
             f"run.resume: {posixpath.basename(path)} stopped mid-epoch with {was}; an exact "
             f"resume needs the same loader layout (now {got}){why}"
         )
-    load_weights_and_optimizer(parts, ckpt, path, cfg.storage_options)
-    parts.scheduler.load_state_dict(ckpt["scheduler"])
-    parts.scaler.load_state_dict(ckpt["scaler"])
+    load_weights_and_optimizer(learner, ckpt, path, cfg.storage_options)
+    learner.scheduler.load_state_dict(ckpt["scheduler"])
+    learner.scaler.load_state_dict(ckpt["scaler"])
     log.info("resumed from %s at step %d", path, ckpt["step"])
     return LoopState(
         step=ckpt["step"],
@@ -156,15 +156,15 @@ def read_resumable(path: str, cfg: TrainConfig, lazy: bool = False) -> dict[str,
     return ckpt
 
 
-def reload_weights(parts: Parts, path: str, cfg: TrainConfig) -> None:
-    """Load a checkpoint's model, optimizer and scaler into `parts` (health's restore); the
+def reload_weights(learner: Learner, path: str, cfg: TrainConfig) -> None:
+    """Load a checkpoint's model, optimizer and scaler into `learner` (health's restore); the
     schedule, the learning rate and the loader go on where they are."""
     ckpt = load_checkpoint(path, cfg.storage_options)
-    rates = [group["lr"] for group in parts.optimizer.param_groups]
-    load_weights_and_optimizer(parts, ckpt, path, cfg.storage_options)
-    for group, lr in zip(parts.optimizer.param_groups, rates, strict=True):
+    rates = [group["lr"] for group in learner.optimizer.param_groups]
+    load_weights_and_optimizer(learner, ckpt, path, cfg.storage_options)
+    for group, lr in zip(learner.optimizer.param_groups, rates, strict=True):
         group["lr"] = lr
-    parts.scaler.load_state_dict(ckpt["scaler"])
+    learner.scaler.load_state_dict(ckpt["scaler"])
     log.warning("health: restored the weights of %s", path)
 
 
@@ -225,14 +225,14 @@ def newest_intact(found: list[str], cfg: TrainConfig) -> str:
 
 
 def start_state(
-    parts: Parts, previous: str | None, cfg: TrainConfig, place: Dist, manifest_samples: int
+    learner: Learner, previous: str | None, cfg: TrainConfig, place: Dist, manifest_samples: int
 ) -> LoopState:
-    """A fresh state, or the one `previous` restores into `parts`. Rank 0 alone carries the
+    """A fresh state, or the one `previous` restores into `learner`. Rank 0 alone carries the
     earlier run's replaced samples on (the total is a sum over ranks)."""
     digest = manifest_digest(cfg)
     if previous is None:
         return LoopState(manifest_digest=digest)
-    state = restore_state(parts, previous, cfg, place.world, manifest_samples, digest)
+    state = restore_state(learner, previous, cfg, place.world, manifest_samples, digest)
     if place.rank:
         state.replaced_samples = 0
     return state
@@ -266,12 +266,14 @@ def announce_restart(alerts: Any, place: Dist, state: LoopState, previous: str |
         alerts.send("restart", state.step, message, {"restarts": place.restarts})
 
 
-def save_shards(parts: Parts, cfg: TrainConfig, step: int) -> str | None:
+def save_shards(learner: Learner, cfg: TrainConfig, step: int) -> str | None:
     """strategy fsdp: every rank writes its model and optimizer shards to the step's DCP
     folder (trainer/dist/sharded.py); returns its name for rank 0's `step-<N>.pt`."""
-    if not is_fsdp(parts.model):
+    if not is_fsdp(learner.model):
         return None
     name = sharded.folder_name(step)
     url = join(cfg.run.output, "checkpoints", name)
-    sharded.save(parts.model, parts.optimizer, url, cfg.storage_options, cfg.run.async_checkpoint)
+    sharded.save(
+        learner.model, learner.optimizer, url, cfg.storage_options, cfg.run.async_checkpoint
+    )
     return name

@@ -1,6 +1,6 @@
-"""Step math of the CLIP training loop: the model's parts (optimizer, warmup + cosine schedule,
-scaler, contrastive or SigLIP loss, DDP wrapper), mixed precision, and one optimizer step with
-open_clip-style gradient accumulation."""
+"""Step math of the CLIP training loop: the `Learner` (the model with its optimizer, warmup +
+cosine schedule, scaler, contrastive or SigLIP loss, DDP wrapper), mixed precision, and one
+optimizer step with open_clip-style gradient accumulation."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def planned_steps(run: RunConfig, steps_per_epoch: int) -> int:
 
 
 @dataclass
-class Parts:
-    """What one training step needs."""
+class Learner:
+    """What one training step needs: the model and what trains it."""
 
     model: torch.nn.Module  # DDP-wrapped (or FSDP-sharded) when world > 1
     optimizer: torch.optim.Optimizer
@@ -106,11 +106,11 @@ def clip_features(model: torch.nn.Module, images: torch.Tensor, texts: torch.Ten
     return out | {"image_features": F.normalize(per_frame.mean(dim=1), dim=-1)}
 
 
-def contrastive_loss(parts: Parts, out: dict) -> torch.Tensor:
+def contrastive_loss(learner: Learner, out: dict) -> torch.Tensor:
     args = [out["image_features"], out["text_features"], out["logit_scale"]]
     if "logit_bias" in out:
         args.append(out["logit_bias"])
-    return parts.loss_fn(*args)
+    return learner.loss_fn(*args)
 
 
 # Called between backward and the optimizer step with (loss, gradient norm), both on the
@@ -125,31 +125,33 @@ class StepResult:
     applied: bool  # False: the guard skipped the update
 
 
-def guarded_step(parts: Parts, batches: list[Batch], guard: StepGuard | None = None) -> StepResult:
+def guarded_step(
+    learner: Learner, batches: list[Batch], guard: StepGuard | None = None
+) -> StepResult:
     """One optimizer step over one batch, or over `accum_freq` batches as open_clip does:
     features of all of them first (no grad), then each batch again with grad against the
     others' cached features, so the loss sees the whole accumulated batch at once. `guard`
     sees the loss and gradient norm before the update and may skip it; the schedule advances
     either way (a skipped step is still a step)."""
-    parts.optimizer.zero_grad(set_to_none=True)
+    learner.optimizer.zero_grad(set_to_none=True)
     if len(batches) == 1:
-        with autocast(parts.precision, parts.device):
-            loss = contrastive_loss(parts, clip_features(parts.model, *batches[0][:2]))
-        parts.scaler.scale(loss).backward()
+        with autocast(learner.precision, learner.device):
+            loss = contrastive_loss(learner, clip_features(learner.model, *batches[0][:2]))
+        learner.scaler.scale(loss).backward()
     else:
-        loss = accumulated_backward(parts, batches)
-    if is_fsdp(parts.model):  # the unsharded temperature's gradient, as DDP averages it
-        average_replicated_grads(parts.model, torch.distributed.get_world_size())
-    parts.scaler.unscale_(parts.optimizer)  # a no-op unless fp16's scaler is on
-    grad_norm = gradient_norm(parts.model)
+        loss = accumulated_backward(learner, batches)
+    if is_fsdp(learner.model):  # the unsharded temperature's gradient, as DDP averages it
+        average_replicated_grads(learner.model, torch.distributed.get_world_size())
+    learner.scaler.unscale_(learner.optimizer)  # a no-op unless fp16's scaler is on
+    grad_norm = gradient_norm(learner.model)
     loss = loss.detach()
     applied = guard is None or guard(loss, grad_norm)
     if applied:
-        parts.scaler.step(parts.optimizer)
-    parts.scaler.update()  # also when skipped: fp16's scaler still lowers its scale
-    parts.scheduler.step()  # after this, param_groups hold the next step's lr
+        learner.scaler.step(learner.optimizer)
+    learner.scaler.update()  # also when skipped: fp16's scaler still lowers its scale
+    learner.scheduler.step()  # after this, param_groups hold the next step's lr
     with torch.no_grad():  # as open_clip does: keep the temperature in a sane range
-        parts.core.logit_scale.clamp_(0, math.log(100))
+        learner.core.logit_scale.clamp_(0, math.log(100))
     return StepResult(loss, grad_norm, applied)
 
 
@@ -163,19 +165,19 @@ def gradient_norm(model: torch.nn.Module) -> torch.Tensor:
     return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
 
-def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:
+def accumulated_backward(learner: Learner, batches: list[Batch]) -> torch.Tensor:
     """Backward of the loss over all `batches` joined, one batch's graph at a time. Summed
     over the batches this is exactly the big batch's gradient (tested)."""
-    with torch.no_grad(), autocast(parts.precision, parts.device):
-        cached = [clip_features(parts.model, b.images, b.tokens) for b in batches]
-    no_sync = getattr(parts.model, "no_sync", None)  # DDP: all-reduce after the last only
-    if is_fsdp(parts.model):
-        no_sync = partial(fsdp_no_sync, parts.model)
+    with torch.no_grad(), autocast(learner.precision, learner.device):
+        cached = [clip_features(learner.model, b.images, b.tokens) for b in batches]
+    no_sync = getattr(learner.model, "no_sync", None)  # DDP: all-reduce after the last only
+    if is_fsdp(learner.model):
+        no_sync = partial(fsdp_no_sync, learner.model)
     for j, batch in enumerate(batches):
         last = j == len(batches) - 1
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
-            with autocast(parts.precision, parts.device):
-                fresh = clip_features(parts.model, batch.images, batch.tokens)
+            with autocast(learner.precision, learner.device):
+                fresh = clip_features(learner.model, batch.images, batch.tokens)
                 joined = dict(fresh)
                 for name in ("image_features", "text_features"):
                     features = [c[name] for c in cached]
@@ -186,8 +188,8 @@ def accumulated_backward(parts: Parts, batches: list[Batch]) -> torch.Tensor:
                     for name in ("logit_scale", "logit_bias"):
                         if name in joined:
                             joined[name] = joined[name].detach()
-                loss = contrastive_loss(parts, joined)
-            parts.scaler.scale(loss).backward()
+                loss = contrastive_loss(learner, joined)
+            learner.scaler.scale(loss).backward()
     return loss
 
 
@@ -213,7 +215,7 @@ def make_loss(name: str, place: Dist) -> torch.nn.Module:
     )
 
 
-def build_parts(cfg: TrainConfig, place: Dist, total_steps: int) -> tuple[Parts, Any]:
+def build_learner(cfg: TrainConfig, place: Dist, total_steps: int) -> tuple[Learner, Any]:
     """Model, optimizer, schedule, scaler and loss; also returns (preprocess, tokenizer)."""
     model, preprocess, tokenizer = build_model(cfg.model, place.device)
     if cfg.model.gradient_checkpointing:
@@ -232,7 +234,7 @@ def build_parts(cfg: TrainConfig, place: Dist, total_steps: int) -> tuple[Parts,
         ids = [place.device.index] if place.device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)
     use_scaler = place.device.type == "cuda" and cfg.run.precision == "fp16"
-    parts = Parts(
+    learner = Learner(
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -241,8 +243,8 @@ def build_parts(cfg: TrainConfig, place: Dist, total_steps: int) -> tuple[Parts,
         device=place.device,
         precision=cfg.run.precision,
     )
-    return parts, (preprocess, tokenizer)
+    return learner, (preprocess, tokenizer)
 
 
-def lr_of(parts: Parts) -> float:
-    return parts.optimizer.param_groups[0]["lr"]
+def lr_of(learner: Learner) -> float:
+    return learner.optimizer.param_groups[0]["lr"]

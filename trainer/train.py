@@ -15,7 +15,7 @@ URL (trainer/outputs.py says how its logs get there).
 Distributed: under torchrun (or Ray Train, trainer/launch.py) every rank runs `train`; the
 process group comes from the environment (trainer/dist/world.py).
 
-The parts: dist/world.py (the `Dist` value), step.py (loss, accumulation, optimizer),
+The pieces: dist/world.py (the `Dist` value), step.py (loss, accumulation, optimizer),
 data/prefetch.py (batches onto the device), loop_state.py (where training stands), resume.py
 (checkpoints and resume), run_log.py (metrics, TensorBoard, sample logs), eval/in_training.py
 (evaluation), health/ (non-finite and loss-spike guards, restores, the webhook alerts, GPU
@@ -69,8 +69,8 @@ from mmcurate.trainer.run_log import (
     require_tensorboard,
 )
 from mmcurate.trainer.step import (
-    Parts,
-    build_parts,
+    Learner,
+    build_learner,
     lr_of,
     planned_steps,
 )
@@ -112,18 +112,18 @@ class Trainer:
     def __init__(
         self,
         cfg: TrainConfig,
-        parts: Parts,
+        learner: Learner,
         data: RunData,
         place: Dist,
         reports: Reports,
         state: LoopState,
         checkpoint: str | None = None,  # the checkpoint `state` was restored from
     ) -> None:
-        self.cfg, self.parts, self.dataset, self.loader = cfg, parts, data.dataset, data.loader
+        self.cfg, self.learner, self.dataset, self.loader = cfg, learner, data.dataset, data.loader
         self.place, self.logs, self.files = place, reports.logs, reports.files
         self.state, self.checkpoint = state, checkpoint  # checkpoint: the newest written
         self.evaluator, self.telemetry = reports.evaluator, reports.telemetry
-        self.guard = Guard(cfg, parts, place, state, reports.alerts or Alerts(None, ""))
+        self.guard = Guard(cfg, learner, place, state, reports.alerts or Alerts(None, ""))
         if checkpoint:
             self.guard.saved(checkpoint)
         self.meter = Meter()
@@ -165,7 +165,7 @@ class Trainer:
             group.append(batch)
             if len(group) < accum:
                 continue
-            lr = lr_of(self.parts)  # the lr this step uses; the step advances the schedule
+            lr = lr_of(self.learner)  # the lr this step uses; the step advances the schedule
             out = self.guard.step(group, self.state.step + 1)  # health's guarded step
             now = time.perf_counter()
             samples = sum(len(b.keys) for b in group) * self.place.world
@@ -222,7 +222,7 @@ class Trainer:
         if self.evaluator is None or not every:
             return 0.0, {}
         start = time.perf_counter()
-        self.last_eval = self.evaluator(self.parts.core, step)
+        self.last_eval = self.evaluator(self.learner.core, step)
         logged = {f"eval/{name}": value for name, value in self.last_eval["metrics"].items()}
         return time.perf_counter() - start, logged
 
@@ -236,13 +236,13 @@ class Trainer:
             barrier(self.place)
         skipped, replaced = self.totals()  # all ranks': rank 0 saves them
         self.saved_at = time.monotonic()
-        gathered = weights_and_optimizer(self.parts)  # fsdp: a collective call
-        shards = save_shards(self.parts, self.cfg, self.state.step)  # fsdp: every rank's own
+        gathered = weights_and_optimizer(self.learner)  # fsdp: a collective call
+        shards = save_shards(self.learner, self.cfg, self.state.step)  # fsdp: every rank's own
         if self.place.rank == 0:
             samples, folder = self.dataset.epoch_samples, self.logs.folder
             state = replace(self.state, skipped_shards=skipped, replaced_samples=replaced)
             self.checkpoint = save_state(
-                self.parts, state, self.cfg, self.place.world, samples, folder, gathered, shards
+                self.learner, state, self.cfg, self.place.world, samples, folder, gathered, shards
             )
         else:
             self.checkpoint = checkpoint_path(self.cfg.run.output, self.state.step)
@@ -329,7 +329,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     sources = read_sources(cfg)
     total = sum(round(weight * sum(s.samples for s in m.shards)) for m, weight in sources)
     batches = batches_per_rank(total, place.world, cfg.data.batch_size, cfg.optim.accum_freq)
-    parts, (preprocess, tokenizer) = build_parts(
+    learner, (preprocess, tokenizer) = build_learner(
         cfg, place, planned_steps(cfg.run, batches // cfg.optim.accum_freq)
     )
     torch.manual_seed(cfg.data.seed + place.rank)  # each rank its own augmentations
@@ -340,14 +340,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     logs.start(resume=bool(previous))
     resume_step = checkpoint_step(previous) if previous else None
     with LogFiles(logs.folder, cfg.run, place.rank, resume_step) as files:
-        state = start_state(parts, previous, cfg, place, total)
+        state = start_state(learner, previous, cfg, place, total)
         carry_epoch(dataset, state)  # a mid-epoch resume on another layout
-        evaluator = eval_sets.evaluator(parts.core, tokenizer) if eval_sets else None
+        evaluator = eval_sets.evaluator(learner.core, tokenizer) if eval_sets else None
         alerts = open_alerts(cfg, place)
         announce_restart(alerts, place, state, previous)
         telemetry = open_telemetry(cfg, place.local_rank, place.rank, alerts)
         reports = Reports(logs, files, evaluator, alerts, telemetry)
-        trainer = Trainer(cfg, parts, RunData(dataset, loader), place, reports, state, previous)
+        trainer = Trainer(cfg, learner, RunData(dataset, loader), place, reports, state, previous)
         try:
             trainer.fit()
         except Exception as err:

@@ -133,7 +133,7 @@ def test_siglip_checkpoint_exports_without_its_bias(tmp_path, capsys):
     from mmcurate.trainer.dist.world import Dist
     from mmcurate.trainer.loop_state import LoopState
     from mmcurate.trainer.resume import save_state
-    from mmcurate.trainer.step import build_parts
+    from mmcurate.trainer.step import build_learner
 
     cfg = TrainConfig.model_validate(
         {
@@ -142,10 +142,10 @@ def test_siglip_checkpoint_exports_without_its_bias(tmp_path, capsys):
             "run": {"output": str(tmp_path / "run")},
         }
     )
-    parts, _ = build_parts(cfg, Dist(), total_steps=1)
+    learner, _ = build_learner(cfg, Dist(), total_steps=1)
     with torch.no_grad():
-        parts.core.logit_bias.fill_(-3.5)
-    checkpoint = save_state(parts, LoopState(step=7), cfg, 1, 16)  # the trainer's save path
+        learner.core.logit_bias.fill_(-3.5)
+    checkpoint = save_state(learner, LoopState(step=7), cfg, 1, 16)  # the trainer's save path
     out = tmp_path / "siglip.pt"
     assert main(["--export", checkpoint, str(out)]) == 0
     doc = torch.load(out, weights_only=True)

@@ -345,16 +345,16 @@ def test_ray_train_launch_runs_two_ranks(uneven_manifest, tmp_path, ray_session)
     assert (tmp_path / "run" / "checkpoints" / "step-4.pt").is_file()
 
 
-def tiny_parts(loss: str = "clip"):
+def tiny_learner(loss: str = "clip"):
     from mmcurate.trainer.dist.world import Dist
-    from mmcurate.trainer.step import build_parts
+    from mmcurate.trainer.step import build_learner
 
     cfg = TrainConfig.model_validate(
         {"data": {"manifest": "x"}, "model": {"loss": loss}, "run": {"output": "x"}}
     )
     torch.manual_seed(0)
-    parts, (preprocess, tokenizer) = build_parts(cfg, Dist(), total_steps=10)
-    return parts, ImageTransform(preprocess), tokenizer
+    learner, (preprocess, tokenizer) = build_learner(cfg, Dist(), total_steps=10)
+    return learner, ImageTransform(preprocess), tokenizer
 
 
 def random_batch(tokenizer, n: int, seed: int):
@@ -372,18 +372,18 @@ def test_accumulated_gradients_equal_one_big_batch(loss):
     from mmcurate.trainer.data.dataset import Batch
     from mmcurate.trainer.step import accumulated_backward, clip_features, contrastive_loss
 
-    parts, _, tokenizer = tiny_parts(loss)
+    learner, _, tokenizer = tiny_learner(loss)
     small = [random_batch(tokenizer, 8, seed) for seed in (1, 2, 3)]
     big = Batch(torch.cat([b.images for b in small]), torch.cat([b.tokens for b in small]), [])
-    parts.model.zero_grad()
-    contrastive_loss(parts, clip_features(parts.model, big.images, big.tokens)).backward()
-    expected = {n: p.grad.clone() for n, p in parts.model.named_parameters()}
-    parts.model.zero_grad()
-    accumulated_backward(parts, small)
-    for name, param in parts.model.named_parameters():
+    learner.model.zero_grad()
+    contrastive_loss(learner, clip_features(learner.model, big.images, big.tokens)).backward()
+    expected = {n: p.grad.clone() for n, p in learner.model.named_parameters()}
+    learner.model.zero_grad()
+    accumulated_backward(learner, small)
+    for name, param in learner.model.named_parameters():
         assert torch.allclose(param.grad, expected[name], atol=1e-5, rtol=1e-3), name
     if loss == "siglip":
-        assert "logit_bias" in dict(parts.model.named_parameters())
+        assert "logit_bias" in dict(learner.model.named_parameters())
 
 
 def test_siglip_and_accumulation_train_through_the_loader(uneven_manifest, tmp_path):

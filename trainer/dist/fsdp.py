@@ -103,52 +103,52 @@ def gradient_norm(model: torch.nn.Module) -> torch.Tensor:
     return (sharded + replicated).sqrt()
 
 
-def load_full_state(parts: Any, state: dict[str, Any]) -> None:
-    """A checkpoint file's full (gathered) model and optimizer state into `parts`, sharded
+def load_full_state(learner: Any, state: dict[str, Any]) -> None:
+    """A checkpoint file's full (gathered) model and optimizer state into `learner`, sharded
     or not (every rank holds the whole state, read from the file); the optimizer's converted
     to the form this one loads, whichever strategy and world wrote it (optim_state.py)."""
-    names = parameter_names(parts.core, parts.optimizer)
+    names = parameter_names(learner.core, learner.optimizer)
     try:
-        if is_fsdp(parts.model):
+        if is_fsdp(learner.model):
             options = StateDictOptions(full_state_dict=True)
-            set_model_state_dict(parts.model, state["model"], options=options)
+            set_model_state_dict(learner.model, state["model"], options=options)
             saved = by_name(state["optimizer"], names)
-            set_optimizer_state_dict(parts.model, parts.optimizer, saved, options=options)
+            set_optimizer_state_dict(learner.model, learner.optimizer, saved, options=options)
         else:
-            parts.core.load_state_dict(state["model"])
-            parts.optimizer.load_state_dict(by_position(state["optimizer"], names))
+            learner.core.load_state_dict(state["model"])
+            learner.optimizer.load_state_dict(by_position(state["optimizer"], names))
     except (RuntimeError, KeyError, ValueError) as err:  # another architecture's tensors
         why = one_line(err)[:300]
         raise ConfigError(f"run.resume: the checkpoint does not load here: {why}") from None
 
 
-def weights_and_optimizer(parts: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def weights_and_optimizer(learner: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(model state, optimizer state) to checkpoint: the plain ones; for FSDP the model's
     gathered on rank 0 (a collective call: every rank calls it) and None for the optimizer,
     whose shards go to the DCP folder (trainer/dist/sharded.py)."""
-    if is_zero(parts.optimizer):  # its shards gathered on rank 0 (a collective call)
-        parts.optimizer.consolidate_state_dict(to=0)
-        optimizer = parts.optimizer.state_dict() if dist.get_rank() == 0 else {}
-        return parts.core.state_dict(), optimizer
-    if not is_fsdp(parts.model):
-        return parts.core.state_dict(), parts.optimizer.state_dict()
-    return get_model_state_dict(parts.model, options=FULL), None
+    if is_zero(learner.optimizer):  # its shards gathered on rank 0 (a collective call)
+        learner.optimizer.consolidate_state_dict(to=0)
+        optimizer = learner.optimizer.state_dict() if dist.get_rank() == 0 else {}
+        return learner.core.state_dict(), optimizer
+    if not is_fsdp(learner.model):
+        return learner.core.state_dict(), learner.optimizer.state_dict()
+    return get_model_state_dict(learner.model, options=FULL), None
 
 
 def load_weights_and_optimizer(
-    parts: Any, ckpt: dict[str, Any], path: str | None = None, storage_options: Any = None
+    learner: Any, ckpt: dict[str, Any], path: str | None = None, storage_options: Any = None
 ) -> None:
-    """A checkpoint's model and optimizer into `parts`, sharded or not: from the DCP folder
+    """A checkpoint's model and optimizer into `learner`, sharded or not: from the DCP folder
     a sharded checkpoint (at `path`) names, resharded to this world; else from the file
     (every rank reads the whole of it)."""
     if "sharded" in ckpt:
         from mmcurate.trainer.dist import sharded
 
         folder = sharded.folder_of(path, ckpt)
-        if is_zero(parts.optimizer):  # DCP knows no ZeRO: read whole, then loaded as a file's
-            whole = sharded.read_full(parts.model, parts.optimizer, folder, storage_options)
-            load_full_state(parts, ckpt | whole)
+        if is_zero(learner.optimizer):  # DCP knows no ZeRO: read whole, then loaded as a file's
+            whole = sharded.read_full(learner.model, learner.optimizer, folder, storage_options)
+            load_full_state(learner, ckpt | whole)
             return
-        sharded.load(parts.model, parts.optimizer, folder, storage_options)
+        sharded.load(learner.model, learner.optimizer, folder, storage_options)
         return
-    load_full_state(parts, ckpt)
+    load_full_state(learner, ckpt)

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from mmcurate.trainer.config import HealthConfig
 from mmcurate.trainer.data.batch import Batch
 from mmcurate.trainer.dist.world import Dist, restart_count
-from mmcurate.trainer.step import Parts, StepResult, guarded_step
+from mmcurate.trainer.step import Learner, StepResult, guarded_step
 
 log = logging.getLogger(__name__)
 FAULTS_ENV = "MMCURATE_TEST_FAULTS"
@@ -66,14 +66,14 @@ class Faults:
         nan, spike = set(plan.get("nan", ())), set(plan.get("spike", ()))
         return cls(nan, spike, plan.get("factor", 1e3), kill)
 
-    def apply(self, step: int, parts: Parts, group: list[Batch]) -> tuple[Parts, list[Batch]]:
+    def apply(self, step: int, learner: Learner, group: list[Batch]) -> tuple[Learner, list[Batch]]:
         if step in self.kill:  # a lost rank, as a dead GPU or a kill -9 leaves it
             os.kill(os.getpid(), signal.SIGKILL)
         if step in self.nan:
             group = [b._replace(images=poisoned(b.images)) for b in group]
         if step in self.spike:
-            parts = replace(parts, loss_fn=ScaledLoss(parts.loss_fn, self.factor))
-        return parts, group
+            learner = replace(learner, loss_fn=ScaledLoss(learner.loss_fn, self.factor))
+        return learner, group
 
 
 def poisoned(images: torch.Tensor | list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
@@ -148,12 +148,12 @@ class Health:
         """No skip or spike streak running: a checkpoint written now is a good one."""
         return self.skip_streak == 0 and self.watch.streak == 0
 
-    def step(self, parts: Parts, group: list[Batch], step: int) -> StepResult:
+    def step(self, learner: Learner, group: list[Batch], step: int) -> StepResult:
         """One guarded optimizer step (`step`: its number, counted from 1)."""
-        parts, group = self.faults.apply(step, parts, group)
+        learner, group = self.faults.apply(step, learner, group)
         if not self.cfg.enabled:
-            return guarded_step(parts, group)
-        return guarded_step(parts, group, self.judge)
+            return guarded_step(learner, group)
+        return guarded_step(learner, group, self.judge)
 
     def judge(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         """The guard: True takes the step. One all-reduce over the ranks."""

@@ -18,7 +18,7 @@ from mmcurate.trainer.health.alerts import Alerts
 from mmcurate.trainer.health.checks import Health, Verdict
 from mmcurate.trainer.loop_state import LoopState
 from mmcurate.trainer.resume import reload_weights
-from mmcurate.trainer.step import Parts, StepResult
+from mmcurate.trainer.step import Learner, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,11 @@ class Guard:
     """Health and alerts for one Trainer."""
 
     def __init__(
-        self, cfg: TrainConfig, parts: Parts, place: Dist, state: LoopState, alerts: Alerts
+        self, cfg: TrainConfig, learner: Learner, place: Dist, state: LoopState, alerts: Alerts
     ) -> None:
-        self.cfg, self.parts, self.place, self.alerts = cfg, parts, place, alerts
+        self.cfg, self.learner, self.place, self.alerts = cfg, learner, place, alerts
         self.state = state  # the Trainer's: its counts kept current for its checkpoints
-        self.health = Health(cfg.health, place, parts.scaler.is_enabled())
+        self.health = Health(cfg.health, place, learner.scaler.is_enabled())
         self.health.skipped, self.health.restores = state.skipped_steps, state.restores
         self.good: str | None = None  # the newest checkpoint written while healthy
         self.stopped: str | None = None  # why health stopped the run
@@ -59,7 +59,7 @@ class Guard:
     def step(self, group: list[Batch], step: int) -> StepResult:
         """Step number `step`, guarded; judged at once (the log and a checkpoint of this step
         see its counts), acted on in `after`."""
-        result = self.health.step(self.parts, group, step)
+        result = self.health.step(self.learner, group, step)
         self.verdict = self.health.verdict(step)
         self.state.skipped_steps = self.health.skipped
         return result
@@ -88,7 +88,7 @@ class Guard:
         if not every_rank(self.place, readable):
             self.stopped = f"{verdict.message}; no good checkpoint to restore"
             return "stop"
-        reload_weights(self.parts, good, self.cfg)
+        reload_weights(self.learner, good, self.cfg)
         self.health.restored()
         state.restores = self.health.restores
         message = f"step {state.step}: restored {posixpath.basename(good)}, going on with new data"
@@ -101,10 +101,10 @@ class Guard:
         row: dict[str, Any] = {
             "skipped_steps": self.health.skipped,
             "restores": self.health.restores,
-            "logit_scale": self.parts.core.logit_scale.detach().exp().item(),
+            "logit_scale": self.learner.core.logit_scale.detach().exp().item(),
         }
-        if self.parts.device.type == "cuda":
-            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.parts.device) / 2**30
+        if self.learner.device.type == "cuda":
+            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.learner.device) / 2**30
         return row
 
     def logged(self, row: dict[str, Any]) -> None:

@@ -29,14 +29,14 @@ import torch
 from mmcurate.trainer.config import ProbeConfig, TrainConfig
 from mmcurate.trainer.data.batch import Batch
 from mmcurate.trainer.dist.world import Dist
-from mmcurate.trainer.step import Parts, build_parts, guarded_step
+from mmcurate.trainer.step import Learner, build_learner, guarded_step
 
 log = logging.getLogger("mmcurate.trainer.probe.run")
 CAPTION = "a photo of a cat sitting on a wooden table next to a cup of coffee"
 
 
-def image_size(parts: Parts) -> tuple[int, int]:
-    size = getattr(parts.core.visual, "image_size", 224)
+def image_size(learner: Learner) -> tuple[int, int]:
+    size = getattr(learner.core.visual, "image_size", 224)
     return (size, size) if isinstance(size, int) else tuple(size)
 
 
@@ -45,13 +45,13 @@ class RungError(RuntimeError):
     for memory): recorded like a rung out of memory, ending the ladder."""
 
 
-def synthetic_batch(parts: Parts, tokenizer: Any, batch_size: int) -> Batch:
+def synthetic_batch(learner: Learner, tokenizer: Any, batch_size: int) -> Batch:
     """Normalized random images and one tokenized caption repeated, on the device; RungError
     when torch cannot make them."""
-    height, width = image_size(parts)
+    height, width = image_size(learner)
     try:
-        images = torch.randn(batch_size, 3, height, width, device=parts.device)
-        tokens = tokenizer([CAPTION]).to(parts.device).repeat(batch_size, 1)
+        images = torch.randn(batch_size, 3, height, width, device=learner.device)
+        tokens = tokenizer([CAPTION]).to(learner.device).repeat(batch_size, 1)
     # Why these: sizes past int64 are a TypeError, storage overflow a RuntimeError.
     except (RuntimeError, MemoryError, TypeError, ValueError, OverflowError) as err:
         first = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
@@ -91,23 +91,23 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 def rung(
-    parts: Parts, tokenizer: Any, batch_size: int, steps: int, baseline: int = 0
+    learner: Learner, tokenizer: Any, batch_size: int, steps: int, baseline: int = 0
 ) -> dict[str, Any]:
     """One warm-up step and `steps` timed ones at `batch_size`: the peak memory over all of
     them (the optimizer's state included) and the mean step time."""
-    reset_peak(parts.device)
-    batch = synthetic_batch(parts, tokenizer, batch_size)
-    guarded_step(parts, [batch])
-    sync(parts.device)
+    reset_peak(learner.device)
+    batch = synthetic_batch(learner, tokenizer, batch_size)
+    guarded_step(learner, [batch])
+    sync(learner.device)
     start = time.perf_counter()
     for _ in range(steps):
-        guarded_step(parts, [batch])
-    sync(parts.device)
+        guarded_step(learner, [batch])
+    sync(learner.device)
     step_s = (time.perf_counter() - start) / steps
     return {
         "batch_size": batch_size,
         "status": "ok",
-        "peak_memory_bytes": peak_memory(parts.device, baseline),
+        "peak_memory_bytes": peak_memory(learner.device, baseline),
         "step_s": step_s,
         "samples_per_s": batch_size / step_s,
     }
@@ -118,37 +118,39 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def free(parts: Parts) -> None:
-    parts.optimizer.zero_grad(set_to_none=True)
+def free(learner: Learner) -> None:
+    learner.optimizer.zero_grad(set_to_none=True)
     gc.collect()
-    if parts.device.type == "cuda":
+    if learner.device.type == "cuda":
         torch.cuda.empty_cache()
 
 
-def climb(parts: Parts, tokenizer: Any, probe: ProbeConfig, report: Any, baseline: int = 0) -> None:
+def climb(
+    learner: Learner, tokenizer: Any, probe: ProbeConfig, report: Any, baseline: int = 0
+) -> None:
     """Run the rungs in order, `report(result)` each; the first out-of-memory one ends it."""
     for size in probe.batch_sizes:
         try:
-            report(rung(parts, tokenizer, size, probe.steps, baseline))
+            report(rung(learner, tokenizer, size, probe.steps, baseline))
         except (RuntimeError, MemoryError) as err:
             if not is_out_of_memory(err):
                 raise
             message = str(err).splitlines()[0][:200]
-            free(parts)
+            free(learner)
             report({"batch_size": size, "status": "oom", "error": message})
             return
 
 
 def ladder_here(cfg: TrainConfig, device: torch.device) -> list[dict[str, Any]]:
     """The ladder in this process (CUDA)."""
-    parts, (_, tokenizer) = build_parts(cfg, Dist(device=device), 1000)
+    learner, (_, tokenizer) = build_learner(cfg, Dist(device=device), 1000)
     cap = cfg.probe.max_memory_bytes
     if cap and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0), device)
     results: list[dict[str, Any]] = []
-    climb(parts, tokenizer, cfg.probe, results.append)
-    del parts
+    climb(learner, tokenizer, cfg.probe, results.append)
+    del learner
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -161,15 +163,15 @@ def child_main(tree: dict[str, Any], threads: int, conn: Any) -> None:
     try:
         torch.set_num_threads(threads)
         cfg = TrainConfig.model_validate(tree)
-        parts, (_, tokenizer) = build_parts(cfg, Dist(), 1000)
-        guarded_step(parts, [synthetic_batch(parts, tokenizer, 2)])  # thread pools up
+        learner, (_, tokenizer) = build_learner(cfg, Dist(), 1000)
+        guarded_step(learner, [synthetic_batch(learner, tokenizer, 2)])  # thread pools up
         cap = cfg.probe.max_memory_bytes
         baseline = proc_status("VmRSS")
         if cap:
             limit = proc_status("VmSize") + cap
             resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
         conn.send({"baseline_bytes": baseline})
-        climb(parts, tokenizer, cfg.probe, conn.send, baseline)
+        climb(learner, tokenizer, cfg.probe, conn.send, baseline)
         conn.send({"done": True})
     except Exception as err:  # reported to the parent, which survives it
         last = traceback.format_exception_only(err)[-1].strip()

@@ -31,7 +31,7 @@ from mmcurate.trainer.dist.world import Dist
 from mmcurate.trainer.probe.ladder import ladder_here, ladder_in_child
 from mmcurate.trainer.probe.sizing import recommend
 from mmcurate.trainer.run_log import Meter
-from mmcurate.trainer.step import build_parts, guarded_step
+from mmcurate.trainer.step import build_learner, guarded_step
 from mmcurate.trainer.train_data import make_dataset, make_training_loader, read_sources
 
 log = logging.getLogger("mmcurate.trainer.probe.run")  # also when run as __main__
@@ -81,17 +81,17 @@ def measure_wait(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
     """The share of step time spent waiting for data, over `probe.loop_steps` real steps at
     the configured batch size and workers (the first step, the workers' start, not counted)."""
     place = Dist(device=device)
-    parts, (preprocess, tokenizer) = build_parts(cfg, place, 1000)
+    learner, (preprocess, tokenizer) = build_learner(cfg, place, 1000)
     dataset = make_dataset(cfg, read_sources(cfg), place, preprocess, tokenizer)
     dataset.set_epoch(0, None)
     loader = iter(make_training_loader(cfg, dataset, place))  # the loader training uses
     meter, steps = Meter(), 0
     try:
         batches = timed(iter(DevicePrefetcher(loader, device, dataset.transform)), meter)
-        guarded_step(parts, [next(batches)])
+        guarded_step(learner, [next(batches)])
         meter.wait_s, tick = 0.0, time.perf_counter()
         for batch in batches:
-            guarded_step(parts, [batch])
+            guarded_step(learner, [batch])
             steps += 1
             if steps == cfg.probe.loop_steps:
                 break
@@ -140,7 +140,7 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
         ladder, baseline = ladder_in_child(cfg)
     facts["baseline_bytes"] = baseline  # CPU: the child's resident memory with the model
     log.info("probe: loader rates")
-    _, (preprocess, tokenizer) = build_parts(cfg, Dist(), 1000)  # on the CPU: transforms only
+    _, (preprocess, tokenizer) = build_learner(cfg, Dist(), 1000)  # on the CPU: transforms only
     loader = measure_loader(cfg, preprocess, tokenizer)
     log.info("probe: data-wait share of %d real steps", cfg.probe.loop_steps)
     wait = measure_wait(cfg, device)
