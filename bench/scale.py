@@ -173,7 +173,7 @@ def phases(work: Path, stages_cfg: list[dict], publish_output: bool) -> dict:
     lap("kept_stats_layout")
     if publish_output:
         plan = Publication(
-            str(work / "out"), final, schema, kept_starts(kept), [s["start"] for s in specs]
+            str(work / "out"), final, schema, kept_starts(kept), [s.start for s in specs]
         )
         publish(groups, plan, runner)
         lap("publish")

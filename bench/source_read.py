@@ -21,12 +21,14 @@ import platform
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.records import UrlPartition
 from mmcurate.pipeline.sources.samples import append_sample, empty_batch
 from mmcurate.pipeline.sources.staging import stage_sources
 from mmcurate.pipeline.sources.synth import laion_like_table, write_csv_list, write_parquet_list
@@ -90,13 +92,13 @@ def measured(fn: Any) -> tuple[Any, float, int]:
     return result, time.perf_counter() - start, READ["bytes"]
 
 
-def old_read(part: dict[str, Any]) -> int:
+def old_read(part: UrlPartition) -> int:
     """The pre-issue-19 partition read: the whole file, then this partition's slice."""
     fs = fsspec.filesystem("countfile")
-    table = read_table(fs, part["file"], (part["url_column"], part["caption_column"]))
+    table = read_table(fs, part.file, (part.url_column, part.caption_column))
     batch = empty_batch()
-    for index, row in enumerate(table.slice(part["start"], part["count"]).to_pylist()):
-        append_sample(batch, url_sample(row, part, part["first_key"] + index))
+    for index, row in enumerate(table.slice(part.start, part.count).to_pylist()):
+        append_sample(batch, url_sample(row, part, part.first_key + index))
     return len(batch["__key__"])
 
 
@@ -111,13 +113,13 @@ def bench_file(path: Path, work: Path, sample: int) -> dict[str, Any]:
     picks = [parts[i * (len(parts) - 1) // max(1, sample - 1)] for i in range(sample)]
     _, before_s, before_bytes = measured(lambda: [old_read(p) for p in picks])
     shutil.rmtree(work, ignore_errors=True)
-    _, stage_s, stage_bytes = measured(lambda: stage_sources(parts, f"countfile://{work}", {}))
+    parts, stage_s, stage_bytes = measured(lambda: stage_sources(parts, f"countfile://{work}", {}))
     rows, read_s, read_bytes = measured(
         lambda: sum(len(read_urls(p, {})["__key__"]) for p in parts)
     )
     assert rows == whole.num_rows
     _, tables_s, _ = measured(lambda: [part_table(p, {}) for p in parts])
-    unstaged = [{k: v for k, v in p.items() if k != "staged_url"} for p in picks]
+    unstaged = [replace(p, staged_url=None) for p in picks]
     _, unstaged_s, unstaged_bytes = measured(lambda: [read_urls(p, {}) for p in unstaged])
     return {
         "file": path.name,
@@ -125,7 +127,7 @@ def bench_file(path: Path, work: Path, sample: int) -> dict[str, Any]:
         "file_bytes": path.stat().st_size,
         "rows": whole.num_rows,
         "partitions": len(parts),
-        "read_kinds": sorted({p["read"] + ("+staged" if "staged_url" in p else "") for p in parts}),
+        "read_kinds": sorted({p.read + ("+staged" if p.staged_url else "") for p in parts}),
         "whole_read_s": round(whole_s, 3),
         "whole_read_bytes": whole_bytes,
         "before_s_per_partition": round(before_s / sample, 3),

@@ -36,9 +36,10 @@ from mmcurate.pipeline.output.groups import (
 from mmcurate.pipeline.output.publish import Publication
 from mmcurate.pipeline.output.stats import build_stats, merge_counts
 from mmcurate.pipeline.phase_a import phase_a
-from mmcurate.pipeline.phase_c import commit, phase_c
+from mmcurate.pipeline.phase_c import Outcome, commit, phase_c
 from mmcurate.pipeline.runtime.session import Runtime, connect
 from mmcurate.pipeline.sources.partitions import plan_source
+from mmcurate.pipeline.sources.records import Partition
 from mmcurate.pipeline.sources.staging import stage_sources
 from mmcurate.stages.base import Stage
 from mmcurate.stages.registry import build_stages
@@ -76,7 +77,7 @@ def run_build(
             runtime.close()
 
 
-def build_claimed(run: BuildRun, parts: list[dict]) -> dict[str, Any]:
+def build_claimed(run: BuildRun, parts: list[Partition]) -> dict[str, Any]:
     """The phases and the commit, while this run holds output.path."""
     try:
         return build_phases(run, parts)
@@ -100,15 +101,13 @@ def build_phases(run: BuildRun, parts: list[dict]) -> dict[str, Any]:
     final = timer.run("decide", decide, groups, run.stages, runner)
     run.claim.check()  # another run's scratch may have replaced ours: stop before using it
     entries, layout = timer.run("shards", phase_c, run, groups, final, runner)
-    plan = Publication(
-        cfg.output.path, final, schema, layout["kept_starts"], layout["shard_starts"]
-    )
-    stats = build_stats(merge_counts(layout["counts"]), run.stages)
-    args = (run, groups, plan, stats, entries, timer.seconds, runner)
-    return timer.run("commit", commit, *args)
+    plan = Publication(cfg.output.path, final, schema, layout.kept_starts, layout.shard_starts)
+    stats = build_stats(merge_counts(layout.counts), run.stages)
+    outcome = Outcome(groups, plan, stats, entries, timer.seconds)
+    return timer.run("commit", commit, run, outcome, runner)
 
 
-def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
+def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[Partition]:
     """Fail fast, before Ray starts: paths apart, models, storage reachable, source non-empty."""
     check_paths(cfg)
     check_ray_resources(cfg)
@@ -123,10 +122,10 @@ def preflight(cfg: BuildConfig, stages: list[Stage]) -> list[dict[str, Any]]:
 
 
 def signature_groups(
-    cfg: BuildConfig, parts: list[dict], work_url: str, runtime: Runtime
+    cfg: BuildConfig, parts: list[Partition], work_url: str, runtime: Runtime
 ) -> tuple[Groups, pa.Schema]:
     """The partitions' signature row counts, bytes and columns (footers only), grouped."""
-    numbers = [p["part"] for p in parts]
+    numbers = [p.number for p in parts]
     rows, sizes, schema = scan_footers(
         work_url, numbers, cfg.storage_options, runtime.runner(BYTES_PER_GROUP)
     )

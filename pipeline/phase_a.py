@@ -33,6 +33,7 @@ from mmcurate.pipeline.output.shards import candidate_name
 from mmcurate.pipeline.output.signatures import signature_table
 from mmcurate.pipeline.runtime.actors import RemoteEncoder, start_pools, stop_pools
 from mmcurate.pipeline.sources.partitions import read_chunks
+from mmcurate.pipeline.sources.records import Partition
 from mmcurate.pipeline.sources.samples import Reading
 from mmcurate.stages.base import DROP, Stage
 from mmcurate.stages.registry import build_stages, stage_order
@@ -40,13 +41,13 @@ from mmcurate.stages.registry import build_stages, stage_order
 log = logging.getLogger("mmcurate.build")
 
 
-def phase_a(run: BuildRun, parts: list[dict]) -> None:
+def phase_a(run: BuildRun, parts: list[Partition]) -> None:
     """Process the partitions not done by an earlier run of this build (each writes its
     signatures file). Model stages that want an actor pool get one for this phase."""
     cfg, claim, local = run.cfg, run.claim, run.runtime.kind == "local"
     claim.check()
     done = done_parts(claim)
-    todo = [p for p in parts if p["part"] not in done]
+    todo = [p for p in parts if p.number not in done]
     if done:
         log.info("resuming: %d of %d partitions already done", len(done), len(parts))
     encoders = start_pools(run.stages, local) if todo else {}  # stops its own pools if it fails
@@ -80,7 +81,7 @@ def stopped(claim: Claim, results: list) -> None:
 
 
 def partition_task(
-    part: dict,
+    part: Partition,
     cfg: BuildConfig,
     claim: Claim,
     encoders: dict[int, RemoteEncoder],
@@ -92,7 +93,7 @@ def partition_task(
     if not claim.holds():
         return None
     stages = [
-        stage.served_by(encoders[stage.index].starting_at(part["part"]))
+        stage.served_by(encoders[stage.index].starting_at(part.number))
         if stage.index in encoders
         else stage
         for stage in worker_stages(cfg)
@@ -114,7 +115,7 @@ def worker_stages(cfg: BuildConfig) -> list[Stage]:
 
 
 def process_partition(
-    part: dict, cfg: BuildConfig, stages: list[Stage], claim: Claim, index: Index | None = None
+    part: Partition, cfg: BuildConfig, stages: list[Stage], claim: Claim, index: Index | None = None
 ) -> int | None:
     """Candidates, their metadata, who wrote them (the marker), then the signatures: written
     last, they mark it done. Written only while this run still holds the output (else None).
@@ -131,7 +132,12 @@ def process_partition(
 
 
 def write_partition(
-    part: dict, cfg: BuildConfig, stages: list[Stage], claim: Claim, spill: str, index: Index | None
+    part: Partition,
+    cfg: BuildConfig,
+    stages: list[Stage],
+    claim: Claim,
+    spill: str,
+    index: Index | None,
 ) -> int | None:
     """Stored payloads are referred to (pipeline/output/media_index.py), registered once done."""
     src = cfg.source
@@ -139,14 +145,14 @@ def write_partition(
     inputs: deque[list[Spilled]] = deque()  # each chunk's Spilled values as it was read
     sizes: deque[int] = deque()  # each chunk's samples as read, reported once it is written
     read = read_chunks(part, cfg.storage_options, reading)
-    if part.get("only_keys") is not None:  # `mmcurate retry`: just these samples of it
-        chosen = map(partial(selected, keys=frozenset(part["only_keys"])), read)
+    if part.only_keys is not None:  # `mmcurate retry`: just these samples of it
+        chosen = map(partial(selected, keys=frozenset(part.only_keys)), read)
         read = (chunk for chunk in chosen if chunk.get("__key__"))
     read = map(partial(sized, sizes=sizes), read)
     chunks = map(partial(noted, inputs=inputs), read)
     folder = join(claim.work_url, CANDIDATES)
-    url = join(folder, candidate_name(part["part"]))
-    media = None if index is None else PartitionMedia(part["part"], index)
+    url = join(folder, candidate_name(part.number))
+    media = None if index is None else PartitionMedia(part.number, index)
     try:
         chain = counted(run_chain(chunks, stages), sizes)
         rows = write_candidate(chain, inputs, url, cfg.storage_options, claim, media)
@@ -154,11 +160,11 @@ def write_partition(
         return None
     live = [row for row in rows if row[DROP] is None]  # key, caption, json: shard metadata
     write_parquet(
-        candidate_metadata(live), join(folder, metadata_name(part["part"])), cfg.storage_options
+        candidate_metadata(live), join(folder, metadata_name(part.number)), cfg.storage_options
     )
-    record = {"part": part["part"]} | finish_partition(media, folder, cfg.storage_options)
-    mark(claim, part_marker(claim.work_url, part["part"]), record)
-    signatures_url = join(claim.work_url, SIGNATURES, signatures_name(part["part"]))
+    record = {"part": part.number} | finish_partition(media, folder, cfg.storage_options)
+    mark(claim, part_marker(claim.work_url, part.number), record)
+    signatures_url = join(claim.work_url, SIGNATURES, signatures_name(part.number))
     write_parquet(signature_table(rows), signatures_url, cfg.storage_options)
     if media is not None:
         media.register()  # pending until the driver has this task's result

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -20,11 +21,18 @@ from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.output.buckets_file import write_buckets_file
 from mmcurate.pipeline.output.claim import Claim, drop_work, final_files, record_files
 from mmcurate.pipeline.output.groups import Groups
-from mmcurate.pipeline.output.layout import kept_starts, kept_tables, plan_layout, spans_spec
+from mmcurate.pipeline.output.layout import (
+    ShardLayout,
+    kept_starts,
+    kept_tables,
+    plan_layout,
+    spans_spec,
+)
 from mmcurate.pipeline.output.markers import done_shards, mark, shard_marker
 from mmcurate.pipeline.output.names import MANIFEST, output_files, shard_files
 from mmcurate.pipeline.output.publish import Publication, publish, wids_index
 from mmcurate.pipeline.output.retire import shard_written, start_retiring
+from mmcurate.pipeline.output.shard_format import ShardSpec
 from mmcurate.pipeline.output.shard_metadata import plan_shard_schema
 from mmcurate.pipeline.output.shard_refs import referring_parts, with_refs
 from mmcurate.pipeline.output.shards import write_shard
@@ -35,9 +43,20 @@ from mmcurate.pipeline.report.page import render_report
 log = logging.getLogger("mmcurate.build")
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What the phases leave for the commit (pipeline/build.py builds it)."""
+
+    groups: Groups
+    plan: Publication  # which signature rows and embeddings get published, and where
+    stats: dict[str, Any]  # stats.json, less the phase times
+    entries: list[dict]  # the shards' manifest entries, by name
+    phases: dict[str, float]  # seconds per phase so far
+
+
 def phase_c(
     run: BuildRun, groups: Groups, final: str, runner: Runner
-) -> tuple[list[dict], dict[str, list]]:
+) -> tuple[list[dict], ShardLayout]:
     """Write the final shards; returns manifest entries, where groups and shards start, and
     the groups' stats shares."""
     cfg, stages, claim = run.cfg, run.stages, run.claim
@@ -49,10 +68,10 @@ def phase_c(
     fields, keys = plan_shard_schema(candidates, parts, cfg.storage_options, runner)
     starts = kept_starts(kept)
     # one parquet schema for all shards, and one key set in every sample's json
-    specs = [spec | {"fields": fields, "json_keys": keys} for spec in specs]
-    record_files(claim, [name for spec in specs for name in shard_files(spec["name"])])
+    specs = [spec.replace(fields=fields, json_keys=keys) for spec in specs]
+    record_files(claim, [name for spec in specs for name in shard_files(spec.name)])
     done = done_shards(claim)
-    todo = [i for i, s in enumerate(specs) if s["name"] not in done]
+    todo = [i for i, s in enumerate(specs) if s.name not in done]
     referring = referring_parts(claim)  # samples whose payloads are stored elsewhere
     retirer = start_retiring(groups, found, specs, done, referring, runner)
     task = partial(shard_task, groups=groups, starts=starts, cfg=cfg, claim=claim)
@@ -62,17 +81,14 @@ def phase_c(
         [specs[i] for i in todo], task, "shards", progress=run.progress, on_result=written
     )
     stopped(claim, entries)
-    entries += [done[s["name"]] for s in specs if s["name"] in done]
-    layout = {
-        "kept_starts": starts,
-        "shard_starts": [spec["start"] for spec in specs],
-        "counts": [share["counts"] for share in found],
-    }
+    entries += [done[s.name] for s in specs if s.name in done]
+    shard_starts = [spec.start for spec in specs]
+    layout = ShardLayout(starts, shard_starts, [share["counts"] for share in found])
     return sorted(entries, key=lambda e: e["name"]), layout
 
 
 def shard_task(
-    spec: dict,
+    spec: ShardSpec,
     groups: Groups,
     starts: list[int],
     cfg: BuildConfig,
@@ -90,24 +106,17 @@ def shard_task(
     return entry
 
 
-def commit(
-    run: BuildRun,
-    groups: Groups,
-    plan: Publication,
-    stats: dict[str, Any],
-    entries: list[dict],
-    phases: dict[str, float],
-    runner: Runner,
-) -> dict[str, Any]:
+def commit(run: BuildRun, outcome: Outcome, runner: Runner) -> dict[str, Any]:
     """Signatures, embeddings and stats, then the manifest (the commit marker), then drop the
     scratch. Every file is recorded before it is written; the manifest lists those that were."""
     cfg, claim = run.cfg, run.claim
+    groups, stats, entries = outcome.groups, outcome.stats, outcome.entries
     fs, out = filesystem(cfg.output.path, cfg.storage_options)
     expected = output_files([e["name"] for e in entries], groups.count)
     record_files(claim, [*expected, MANIFEST])
-    publish(groups, plan, runner)
+    publish(groups, outcome.plan, runner)
     write_buckets_file(cfg, groups.count, runner)  # counted from the signatures just published
-    stats["phases"] = dict(phases)
+    stats["phases"] = dict(outcome.phases)
     write_bytes_atomic(fs, join(out, "stats.json"), json.dumps(stats, indent=2).encode())
     config = redact(json.loads(cfg.model_dump_json()))
     models = [model for stage in run.stages for model in stage.models()]

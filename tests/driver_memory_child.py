@@ -26,8 +26,8 @@ def run(step: str, path: str) -> dict:
     if step == "plan":
         cfg = SourceConfig(kind="urls", path=path, files_per_task=10_000)
         parts = plan_urls(cfg, {})
-        facts = {"parts": len(parts), "rows": sum(p["count"] for p in parts)}
-        return facts | {"reads": sorted({p["read"] for p in parts})}
+        facts = {"parts": len(parts), "rows": sum(p.count for p in parts)}
+        return facts | {"reads": sorted({p.read for p in parts})}
     return {"report": render_report(path, {})}
 
 

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mmcurate.core.atomic import open_atomic, write_parquet
 from mmcurate.core.storage import filesystem
+from mmcurate.pipeline.output.shard_format import ShardSpec
 from mmcurate.pipeline.output.shard_metadata import candidate_metadata
 from mmcurate.pipeline.output.shards import write_shard
 
@@ -35,7 +36,7 @@ def main() -> None:
             out.write(data)
             digest.update(data)
     digest.update(b"\0" * 1024)  # the shard's closing blocks
-    spec = {"name": "shard-000000.tar", "samples": 1, "parts": [(0, [("k", 0, mib << 20)])]}
+    spec = ShardSpec("shard-000000.tar", 1, parts=((0, [("k", 0, mib << 20)]),))
     with PeakMemory(interval=0.005) as copy:
         entry = write_shard(spec, f"s3://{bucket}/work/candidates", f"s3://{bucket}/out", options)
     peaks = {"upload": upload.bytes - idle, "copy": copy.bytes - idle}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 from mmcurate.core.config_io import (
@@ -34,6 +35,7 @@ from mmcurate.pipeline.maintain.grow_state import (
     start_op,
 )
 from mmcurate.pipeline.sources.partitions import plan_source
+from mmcurate.pipeline.sources.records import Partition, UrlPartition
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,11 +81,14 @@ def append(
     return run_grow(build, op, source, progress)
 
 
-def numbered_parts(build: Finished, source: dict[str, Any]) -> list[dict[str, Any]]:
+def numbered_parts(build: Finished, source: dict[str, Any]) -> list[Partition]:
     """The new source's partitions; a URL list's keys start after the build's highest."""
     parts = plan_source(SourceConfig.model_validate(source), build.storage_options)
     table = read_published(build.url, build.storage_options)
     keys = table["key"].to_pylist() if "key" in table.column_names else []
     numbers = [int(k) for k in keys if isinstance(k, str) and k.isdigit()]
     base = max(numbers) + 1 if numbers else 0
-    return [p | {"first_key": p["first_key"] + base} if "first_key" in p else p for p in parts]
+    return [
+        replace(p, first_key=p.first_key + base) if isinstance(p, UrlPartition) else p
+        for p in parts
+    ]

@@ -21,6 +21,7 @@ from mmcurate.pipeline.output.names import (
     signatures_file,
 )
 from mmcurate.pipeline.output.publish import wids_index
+from mmcurate.pipeline.output.shard_format import ShardSpec
 from mmcurate.pipeline.output.shards import write_shard
 
 STAGED = "publish"  # staged signature files under _grow/merge/
@@ -45,8 +46,8 @@ def apply_plan(build: Finished, plan: dict[str, Any], candidates: str) -> dict[s
             entries.pop(name, None)
         else:
             entries[name] = entry
-    for spec in plan["new_shards"]:
-        entries[spec["name"]] = write_shard(spec, candidates, build.url, options)
+    for spec in map(ShardSpec.from_dict, plan["new_shards"]):  # plan.json's JSON form
+        entries[spec.name] = write_shard(spec, candidates, build.url, options)
     signatures = publish_signatures(build, plan["signature_files"])
     shards = [entries[name] for name in sorted(entries)]
     fs, root = filesystem(build.url, options)

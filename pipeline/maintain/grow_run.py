@@ -39,9 +39,11 @@ from mmcurate.pipeline.output.claim import build_identity, claim_output
 from mmcurate.pipeline.output.existing import read_json
 from mmcurate.pipeline.output.groups import read_small_parquets
 from mmcurate.pipeline.output.names import CANDIDATES, GROW_MERGE, SIGNATURES, part_file
+from mmcurate.pipeline.output.shard_format import ShardSpec
 from mmcurate.pipeline.output.stats import build_stats, count_rows, merge_counts
 from mmcurate.pipeline.phase_a import phase_a
 from mmcurate.pipeline.runtime.session import connect
+from mmcurate.pipeline.sources.records import partitions_from_dicts
 from mmcurate.pipeline.sources.staging import stage_sources
 from mmcurate.stages.base import DROP
 from mmcurate.stages.registry import build_stages
@@ -73,8 +75,10 @@ def candidates_url(sub: BuildConfig) -> str:
     return join(sub.output.path, "_work", CANDIDATES)
 
 
-def new_rows(sub: BuildConfig, stages: list, parts: list[dict], progress: bool) -> pa.Table:
-    """Phase A over the new samples (resumed where a killed run left it); their rows."""
+def new_rows(sub: BuildConfig, stages: list, planned: list[dict], progress: bool) -> pa.Table:
+    """Phase A over the new samples (resumed where a killed run left it); their rows.
+    `planned`: the operation record's partitions (their dicts)."""
+    parts = partitions_from_dicts(planned)
     for stage in stages:
         stage.check()
     runtime = connect(sub.ray)
@@ -86,7 +90,7 @@ def new_rows(sub: BuildConfig, stages: list, parts: list[dict], progress: bool) 
     finally:
         runtime.close()
     fs, folder = filesystem(join(claim.work_url, SIGNATURES), sub.storage_options)
-    paths = [join(folder, part_file(p["part"], "parquet")) for p in staged]
+    paths = [join(folder, part_file(p.number, "parquet")) for p in staged]
     return pa.concat_tables(read_small_parquets(fs, paths), promote_options="permissive")
 
 
@@ -106,16 +110,16 @@ def make_plan(
     keys = union["__key__"].to_pylist()
     at = {keys[i]: i for i in fresh}
     for spec in specs:
-        for _, spans in spec["parts"]:
+        for _, spans in spec.parts:
             for key, *_ in spans:
-                shards[at[key]] = spec["name"]
+                shards[at[key]] = spec.name
     count = stage_signatures(merge, published_rows(union, shards), build.storage_options)
     stats = grown_stats(build, union, stages)
     plan = {
         "op": op["op"],
         "command": op["command"],
         "rewrite": rewrite,
-        "new_shards": specs,
+        "new_shards": [spec.to_dict() for spec in specs],  # read back by a resume
         "signature_files": count,
         "stats": stats,
         "record": {
@@ -163,7 +167,9 @@ def grown_stats(build: Finished, union: pa.Table, stages: list) -> dict[str, Any
     return old | {k: counted[k] for k in ("stages", "samples_in", "samples_out")}
 
 
-def new_specs(build: Finished, sub: BuildConfig, union: pa.Table, fresh: list[int]) -> list[dict]:
+def new_specs(
+    build: Finished, sub: BuildConfig, union: pa.Table, fresh: list[int]
+) -> list[ShardSpec]:
     """The new shards' specs (after the build's last shard), with one metadata schema."""
     if not fresh:
         return []
@@ -185,4 +191,4 @@ def new_specs(build: Finished, sub: BuildConfig, union: pa.Table, fresh: list[in
     fields, json_keys = shard_schema(
         build.url, names[0] if names else None, candidates_url(sub), parts, build.storage_options
     )
-    return [spec | {"fields": fields, "json_keys": json_keys} for spec in specs]
+    return [spec.replace(fields=fields, json_keys=json_keys) for spec in specs]

@@ -17,7 +17,7 @@ from mmcurate.core.atomic import open_atomic, write_parquet
 from mmcurate.core.mapreduce import LocalRunner
 from mmcurate.core.storage import filesystem, join
 from mmcurate.pipeline.output.layout import ShardPlanner
-from mmcurate.pipeline.output.shard_format import TAR_END_BYTES, shard_name
+from mmcurate.pipeline.output.shard_format import TAR_END_BYTES, ShardSpec, Span, shard_name
 from mmcurate.pipeline.output.shard_metadata import footer_schema, merge_fields, plan_shard_schema
 
 BLOCK = 512
@@ -102,18 +102,18 @@ def _strings(values: set[str]) -> Any:
 
 def new_shard_specs(
     rows: list[tuple[str, int, int, int]], first: int, max_samples: int, max_bytes: int
-) -> list[dict[str, Any]]:
+) -> list[ShardSpec]:
     """Shards for the new kept rows (key, candidate part, offset, bytes) in output order,
     named from `shard-<first>` on, filled as a build fills its shards."""
     planner = ShardPlanner(max_samples, max_bytes)
     planner.feed(np.array([row[3] for row in rows], dtype=np.int64))
     specs = []
     for i, (start, stop) in enumerate(planner.ranges()):
-        grouped: dict[int, list[list]] = {}
+        grouped: dict[int, list[Span]] = {}
         for key, part, offset, size in rows[start:stop]:
-            grouped.setdefault(part, []).append([key, offset, size])
-        parts = sorted(grouped.items())
-        specs.append({"name": shard_name(first + i), "samples": stop - start, "parts": parts})
+            grouped.setdefault(part, []).append((key, offset, size))
+        parts = tuple(sorted(grouped.items()))
+        specs.append(ShardSpec(shard_name(first + i), stop - start, parts=parts))
     return specs
 
 

@@ -23,6 +23,7 @@ from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.maintain import common
 from mmcurate.pipeline.output.existing import read_json
 from mmcurate.pipeline.output.names import GROW_DIR, GROW_OP, MANIFEST
+from mmcurate.pipeline.sources.records import Partition, partitions_as_dicts
 
 # Global stages whose decisions read columns a finished build does not publish (thumbnails,
 # embeddings): their decisions over old and new rows together are not supported yet.
@@ -89,9 +90,11 @@ def read_op(build: Finished) -> dict[str, Any] | None:
     return found if isinstance(found, dict) and "op" in found else None
 
 
-def start_op(build: Finished, command: str, asked: Any, parts: list[dict]) -> dict[str, Any]:
-    """The operation's record, written before any of its work (a rerun resumes it)."""
-    op = {"op": uuid.uuid4().hex, "command": command, "asked": asked, "parts": parts}
+def start_op(build: Finished, command: str, asked: Any, parts: list[Partition]) -> dict[str, Any]:
+    """The operation's record, written before any of its work (a rerun resumes it); its
+    partitions as their dicts (JSON)."""
+    op = {"op": uuid.uuid4().hex, "command": command, "asked": asked}
+    op["parts"] = partitions_as_dicts(parts)
     fs, path = filesystem(build.grow_url(GROW_OP), build.storage_options)
     write_bytes_atomic(fs, path, json.dumps(op).encode())
     return op

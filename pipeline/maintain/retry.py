@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 from mmcurate.core.config_io import OneLineParser, add_storage_options, parse_storage_options
@@ -26,6 +27,7 @@ from mmcurate.pipeline.maintain.grow_state import (
     start_op,
 )
 from mmcurate.pipeline.sources.partitions import plan_source
+from mmcurate.pipeline.sources.records import Partition, UrlPartition
 from mmcurate.stages.lib.host_limits import transient
 
 log = logging.getLogger("mmcurate.maintain")
@@ -72,7 +74,7 @@ def failed_keys(build: Finished) -> list[str]:
     return [k for k, r in zip(keys, reasons, strict=True) if transient(r) or r in RETRIED]
 
 
-def failed_parts(build: Finished) -> list[dict[str, Any]]:
+def failed_parts(build: Finished) -> list[Partition]:
     """The source's partitions that hold failed samples, each with `only_keys` (phase A reads
     just those)."""
     keys = failed_keys(build)
@@ -82,11 +84,11 @@ def failed_parts(build: Finished) -> list[dict[str, Any]]:
     chosen = []
     for part in parts:
         mine = keys
-        if "first_key" in part and "count" in part and all(k.isdigit() for k in keys):
-            first, count = part["first_key"], part["count"]
+        if isinstance(part, UrlPartition) and all(k.isdigit() for k in keys):
+            first, count = part.first_key, part.count
             mine = [k for k in keys if first <= int(k) < first + count]
         if mine:
-            chosen.append(part | {"only_keys": sorted(mine)})
+            chosen.append(replace(part, only_keys=tuple(sorted(mine))))
     return chosen
 
 

@@ -37,6 +37,7 @@ from mmcurate.pipeline.output.existing import (
     relative,
 )
 from mmcurate.pipeline.output.names import BUILD_FILE, MANIFEST, WORK_DIR, remove_file
+from mmcurate.pipeline.sources.records import Partition
 
 CLAIM_TRIES = 3
 HEAD_BYTES = 512  # where a marker holds its run id (before its ledger, which can be large)
@@ -55,13 +56,15 @@ class TookOver(ConfigError):
     """Another run holds output.path now: this one stops (one line, as config errors)."""
 
 
-def build_identity(cfg: BuildConfig, parts: list[dict]) -> str:
-    """Hash of what decides the output: config (minus how it runs) and the input plan."""
+def build_identity(cfg: BuildConfig, parts: list[Partition]) -> str:
+    """Hash of what decides the output: config (minus how it runs) and the input plan (each
+    partition record as its dict, so the identity is the one plain-dict plans had)."""
     how = {"overwrite", "allow_other_files"}
     config = json.loads(cfg.model_dump_json(exclude={"ray": True, "output": how}))
     # Credentials do not decide the output: rotated keys must still resume or find the build.
     config["storage_options"] = redact(config["storage_options"])
-    text = json.dumps({"config": config, "parts": parts}, sort_keys=True)
+    plan = [part.to_dict() for part in parts]
+    text = json.dumps({"config": config, "parts": plan}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -2,13 +2,15 @@
 planned by streaming each group's kept sizes once, so the driver holds one group's sizes and
 the shard boundaries (O(shards)), never every kept row.
 
-A shard spec here is `{name, samples, start, stop}`: a range of positions in the build's kept
-rows (output order). A shard task turns it into `shards.write_shard`'s spec (per candidate
-partition, the (key, offset, length) spans) by reading only those rows of the kept tables.
+A planned shard is a `ShardSpec` (pipeline/output/shard_format.py) with `start`/`stop`: a range
+of positions in the build's kept rows (output order). A shard task gives it `parts` (per
+candidate partition, the (key, offset, length) spans) by reading only those rows of the kept
+tables. Phase C returns a `ShardLayout`: where groups and shards start, and the stats shares.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,11 +27,20 @@ from mmcurate.pipeline.output.groups import (
     read_rows,
     with_fate,
 )
-from mmcurate.pipeline.output.shard_format import TAR_END_BYTES, shard_name
+from mmcurate.pipeline.output.shard_format import TAR_END_BYTES, ShardSpec, Span, shard_name
 from mmcurate.pipeline.output.stats import count_rows
 from mmcurate.stages.base import DROP
 
 KEPT_COLUMNS = ["__key__", "__part__", "__offset__", "__bytes__"]
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Phase C's layout, for publishing the signatures and the stats (pipeline/build.py)."""
+
+    kept_starts: list[int]  # global kept position of each group's first kept row
+    shard_starts: list[int]  # global kept position of each shard's first row
+    counts: list[dict[str, Any]]  # each group's share of the stats (pipeline/output/stats.py)
 
 
 def kept_tables(
@@ -95,7 +106,9 @@ class ShardPlanner:
         return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def plan_layout(groups: Groups, kept: list[int], max_samples: int, max_bytes: int) -> list[dict]:
+def plan_layout(
+    groups: Groups, kept: list[int], max_samples: int, max_bytes: int
+) -> list[ShardSpec]:
     """Shard specs over the kept rows, reading each group's sizes once, one group at a time."""
     planner = ShardPlanner(max_samples, max_bytes)
     for group, count in enumerate(kept):
@@ -103,7 +116,7 @@ def plan_layout(groups: Groups, kept: list[int], max_samples: int, max_bytes: in
             sizes = read_parquet(groups.kept_url(group), groups.storage_options, ["__bytes__"])
             planner.feed(sizes["__bytes__"].to_numpy())
     return [
-        {"name": shard_name(i), "samples": stop - start, "start": start, "stop": stop}
+        ShardSpec(shard_name(i), stop - start, start=start, stop=stop)
         for i, (start, stop) in enumerate(planner.ranges())
     ]
 
@@ -113,22 +126,22 @@ def kept_starts(kept: list[int]) -> list[int]:
     return np.concatenate(([0], np.cumsum(kept, dtype=np.int64)))[:-1].tolist()
 
 
-def spans_spec(spec: dict, groups: Groups, starts: list[int]) -> dict:
+def spans_spec(spec: ShardSpec, groups: Groups, starts: list[int]) -> ShardSpec:
     """`spec` with `parts`: per candidate partition, the (key, offset, length) of its samples."""
     tables = []
     for group, first in enumerate(starts):
         stop = starts[group + 1] if group + 1 < len(starts) else None
-        if (stop is not None and stop <= spec["start"]) or first >= spec["stop"]:
+        if (stop is not None and stop <= spec.start) or first >= spec.stop:
             continue
-        a, b = max(spec["start"], first) - first, spec["stop"] - first
+        a, b = max(spec.start, first) - first, spec.stop - first
         tables.append(read_rows(groups.kept_url(group), groups.storage_options, a, b))
     rows = pa.concat_tables(tables) if tables else None
-    grouped: dict[int, list[tuple[str, int, int]]] = {}
+    grouped: dict[int, list[Span]] = {}
     if rows is not None:
         columns = [rows[c].to_pylist() for c in KEPT_COLUMNS]
         for key, part, offset, length in zip(*columns, strict=True):
             grouped.setdefault(part, []).append((key, offset, length))
-    return {**spec, "parts": sorted(grouped.items())}
+    return spec.replace(parts=tuple(sorted(grouped.items())))
 
 
 def shard_of_rows(positions: np.ndarray, specs_starts: list[int]) -> np.ndarray:

@@ -37,6 +37,7 @@ from mmcurate.pipeline.output.media_table import (
     media_name,
 )
 from mmcurate.pipeline.output.names import part_stem
+from mmcurate.pipeline.sources.records import Partition
 
 log = logging.getLogger("mmcurate.build")
 
@@ -314,10 +315,12 @@ def start_run_index(
     return RunIndex(local, claim.run, payloads, limit)
 
 
-def partition_done(index: int, result: Any, run_index: RunIndex | None, todo: list[dict]) -> None:
+def partition_done(
+    index: int, result: Any, run_index: RunIndex | None, todo: list[Partition]
+) -> None:
     """A partition task's result arrived (`run_tasks`' on_result): its payloads go live."""
     if run_index is not None and result is not None:
-        run_index.commit(todo[index]["part"])
+        run_index.commit(todo[index].number)
 
 
 def finish_partition(

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from mmcurate.core.mapreduce import LocalRunner, Runner
 from mmcurate.core.storage import filesystem, join, with_retries
 from mmcurate.pipeline.output.groups import Groups
+from mmcurate.pipeline.output.shard_format import ShardSpec
 from mmcurate.pipeline.output.shard_refs import referred_shards
 from mmcurate.pipeline.output.shards import candidate_name
 
@@ -113,7 +114,7 @@ def candidate_deleter(work_url: str, storage_options: dict) -> Callable[[int], N
 def start_retiring(
     groups: Groups,
     found: list[dict],
-    specs: list[dict],
+    specs: list[ShardSpec],
     done: dict[str, dict],
     referring: dict[int, list[int]] | None = None,
     runner: Runner | None = None,
@@ -125,13 +126,13 @@ def start_retiring(
     for group, share in enumerate(found):
         kept = dict(share["part_kept"])
         kept_per_part += [(part, kept.get(part, 0)) for part in groups.parts[group]]
-    starts = [spec["start"] for spec in specs]
+    starts = [spec.start for spec in specs]
     runs = shard_runs(kept_per_part, starts)
     delete = candidate_deleter(groups.work_url, groups.storage_options)
     refs, reading = referred(groups, found, referring or {}, starts, runner or LocalRunner())
     retirer = Retirer([part for part, _ in kept_per_part], runs, delete, refs)
     retirer.reading = reading
-    retirer.start(i for i, spec in enumerate(specs) if spec["name"] in done)
+    retirer.start(i for i, spec in enumerate(specs) if spec.name in done)
     return retirer
 
 

@@ -21,6 +21,7 @@ from mmcurate.core.storage import (
 )
 from mmcurate.pipeline.output.json_fill import JSON_AT, json_keys
 from mmcurate.pipeline.output.names import part_file
+from mmcurate.pipeline.output.shard_format import ShardSpec
 
 FIELDS_KEY = b"mmcurate.fields"  # in a candidate metadata file's footer: its field kinds
 JSON_KEYS_KEY = b"mmcurate.json_keys"  # ... and the keys of its samples' json objects
@@ -31,12 +32,12 @@ def metadata_name(part: int) -> str:
 
 
 def spec_records(
-    candidates_url: str, spec: dict, storage_options: dict
+    candidates_url: str, spec: ShardSpec, storage_options: dict
 ) -> dict[int, dict[str, dict]]:
     """The candidate metadata records (key, caption, json, json offset) of the spec's
     partitions, by partition and key (only the spec's samples kept)."""
     records: dict[int, dict[str, dict]] = {}
-    for part, spans in spec["parts"]:
+    for part, spans in spec.parts:
         wanted = {key for key, _, _ in spans}
         found = read_candidate_metadata(candidates_url, part, storage_options)
         records[part] = {r["__key__"]: r for r in found if r["__key__"] in wanted}

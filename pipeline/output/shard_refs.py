@@ -23,6 +23,7 @@ from mmcurate.pipeline.output.claim import Claim
 from mmcurate.pipeline.output.groups import Groups, read_parquet
 from mmcurate.pipeline.output.json_fill import Fill, apply_fill
 from mmcurate.pipeline.output.media_table import media_name, record_bytes
+from mmcurate.pipeline.output.shard_format import ShardSpec
 
 Piece = tuple[int, int, int] | bytes  # (candidate partition, start, end), or bytes to write
 REF_COLUMNS = ["key", "ext", "stored", "part", "offset", "size", "at"]
@@ -51,16 +52,18 @@ def read_refs(
     return refs
 
 
-def with_refs(spec: dict, candidates_url: str, referring: set[int], storage_options: dict) -> dict:
+def with_refs(
+    spec: ShardSpec, candidates_url: str, referring: set[int], storage_options: dict
+) -> ShardSpec:
     """`spec` with `refs`: per partition of it that refers, its samples' references."""
     refs = {}
-    for part, spans in spec["parts"]:
+    for part, spans in spec.parts:
         if part in referring:
             keys = {key for key, _, _ in spans}
             found = read_refs(candidates_url, part, storage_options, keys)
             if found:
                 refs[part] = found
-    return {**spec, "refs": refs}
+    return spec.replace(refs=refs)
 
 
 def sample_pieces(part: int, span: tuple[str, int, int], refs: list[dict]) -> list[Piece]:

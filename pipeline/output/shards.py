@@ -22,9 +22,9 @@ from typing import IO
 
 from mmcurate.core.atomic import open_atomic, write_parquet
 from mmcurate.core.storage import filesystem, is_local, join, with_retries
-from mmcurate.pipeline.output.json_fill import shard_fills
+from mmcurate.pipeline.output.json_fill import Fill, shard_fills
 from mmcurate.pipeline.output.names import part_file
-from mmcurate.pipeline.output.shard_format import TAR_END_BYTES
+from mmcurate.pipeline.output.shard_format import TAR_END_BYTES, ShardSpec
 from mmcurate.pipeline.output.shard_metadata import metadata_row, metadata_table, spec_records
 
 HASH_CHUNK = 1 << 20  # bytes of a local candidate hashed per read
@@ -48,12 +48,18 @@ def merged_runs(spans: list[tuple[str, int, int]]) -> list[tuple[int, int]]:
     return [(start, end) for start, end in runs]
 
 
-def copy_spans(candidates_url: str, spec: dict, storage_options: dict, out: HashingWriter) -> None:
+def copy_spans(
+    candidates_url: str,
+    spec: ShardSpec,
+    storage_options: dict,
+    out: HashingWriter,
+    fills: dict[int, dict[str, Fill]] | None = None,
+) -> None:
     """Append the spec's sample records, in order, from the candidate tars to `out`; a
-    partition whose samples refer to payloads elsewhere (`spec["refs"]`) or get a new json
-    member (`spec["fills"]`, pipeline/output/json_fill.py) by pieces."""
-    refs, fills = spec.get("refs") or {}, spec.get("fills") or {}
-    for part, spans in spec["parts"]:
+    partition whose samples refer to payloads elsewhere (`spec.refs`) or get a new json
+    member (`fills`, pipeline/output/json_fill.py) by pieces."""
+    refs, fills = spec.refs, fills or {}
+    for part, spans in spec.parts:
         if part not in refs and part not in fills:
             copy_runs(candidates_url, part, merged_runs(spans), storage_options, out)
             continue
@@ -109,27 +115,24 @@ def block_batches(
     return batches if batches[-1] else []
 
 
-def write_shard(spec: dict, candidates_url: str, output_url: str, storage_options: dict) -> dict:
-    """Write one final shard atomically; returns its manifest entry. The bytes are hashed as
-    they are written (one pass). The metadata parquet takes its columns from `spec["fields"]`
-    (the build's one schema, plan_metadata_fields); without it, from this shard's own rows.
-    A json lacking one of `spec["json_keys"]` (the build's) is written with it as null."""
-    fs, path = filesystem(join(output_url, spec["name"]), storage_options)
+def write_shard(
+    spec: ShardSpec, candidates_url: str, output_url: str, storage_options: dict
+) -> dict:
+    """Write one final shard atomically; returns its manifest entry (a dict: manifest.json's
+    form). The bytes are hashed as they are written (one pass). The metadata parquet takes its
+    columns from `spec.fields` (the build's one schema, plan_metadata_fields); without it, from
+    this shard's own rows. A json lacking one of `spec.json_keys` (the build's) is written
+    with it as null."""
+    fs, path = filesystem(join(output_url, spec.name), storage_options)
     records = spec_records(candidates_url, spec, storage_options)
-    fills = shard_fills(spec["parts"], records, spec.get("json_keys") or [])
+    fills = shard_fills(list(spec.parts), records, spec.json_keys or [])
     with open_atomic(fs, path) as target, HashingWriter(target) as out:
-        copy_spans(candidates_url, spec | {"fills": fills}, storage_options, out)
+        copy_spans(candidates_url, spec, storage_options, out, fills)
         out.write(b"\0" * TAR_END_BYTES)
-    metadata = [
-        metadata_row(records[part][key]) for part, spans in spec["parts"] for key, *_ in spans
-    ]
-    meta_url = join(output_url, spec["name"].removesuffix(".tar") + ".parquet")
-    write_parquet(
-        metadata_table(metadata, spec.get("fields"), spec.get("json_keys")),
-        meta_url,
-        storage_options,
-    )
-    entry = {"name": spec["name"], "samples": spec["samples"]}
+    metadata = [metadata_row(records[part][key]) for part, spans in spec.parts for key, *_ in spans]
+    meta_url = join(output_url, spec.name.removesuffix(".tar") + ".parquet")
+    write_parquet(metadata_table(metadata, spec.fields, spec.json_keys), meta_url, storage_options)
+    entry = {"name": spec.name, "samples": spec.samples}
     return entry | {"bytes": out.size, "sha256": out.sha256}
 
 

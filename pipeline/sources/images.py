@@ -20,6 +20,7 @@ from mmcurate.core.storage import (
 from mmcurate.core.tario import EXT_ALIASES, safe_key, text_name
 from mmcurate.pipeline.config import SourceConfig
 from mmcurate.pipeline.sources.files import fetch_files, file_groups, file_sizes
+from mmcurate.pipeline.sources.records import FileEntry, FolderPartition
 from mmcurate.pipeline.sources.samples import (
     SOURCE,
     WHOLE,
@@ -42,7 +43,7 @@ SIDECARS = ("txt", "json")
 
 def plan_images(
     cfg: SourceConfig, storage_options: dict[str, Any], exts: set[str] = IMAGE_EXTS
-) -> list[dict[str, Any]]:
+) -> list[FolderPartition]:
     """List the folder once; split sorted media files into partitions of `files_per_task`.
     Each partition carries `inputs`, a hash of its files' sizes and versions (modification
     times, ETags), so a file changed in place changes the build identity."""
@@ -63,15 +64,16 @@ def plan_images(
         versions.append([rel, listing[path], *sidecars])
     disambiguate_keys(entries)
     size = cfg.files_per_task
+    files = [FileEntry(**entry) for entry in entries]
     return [
-        {
-            "kind": cfg.kind,
-            "part": i,
-            "root": root,
-            "protocol": protocol_of(cfg.path),
-            "entries": entries[start : start + size],
-            "inputs": digest(versions[start : start + size]),
-        }
+        FolderPartition(
+            kind=cfg.kind,
+            number=i,
+            root=root,
+            protocol=protocol_of(cfg.path),
+            entries=tuple(files[start : start + size]),
+            inputs=digest(versions[start : start + size]),
+        )
         for i, start in enumerate(range(0, len(entries), size))
     ]
 
@@ -87,55 +89,53 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()
 
 
-def sidecar_path(root: str, entry: dict[str, Any], ext: str) -> str:
-    return f"{root}/{entry['rel'].rpartition('.')[0]}.{ext}"
+def sidecar_path(root: str, entry: FileEntry, ext: str) -> str:
+    return f"{root}/{entry.rel.rpartition('.')[0]}.{ext}"
 
 
 def image_chunks(
-    part: dict[str, Any], storage_options: dict[str, Any], reading: Reading
+    part: FolderPartition, storage_options: dict[str, Any], reading: Reading
 ) -> Iterator[Columns]:
     """A folder partition in chunks: each a group of files bounded in count and bytes, read
     with one batched `cat` (files above `spill_bytes` by path or spilled, never whole)."""
-    fs, _ = filesystem(with_protocol(part["protocol"], part["root"]), storage_options)
-    root, entries = part["root"], part["entries"]
-    sizes = [e.get("size") for e in entries]
+    fs, _ = filesystem(with_protocol(part.protocol, part.root), storage_options)
+    root, entries = part.root, part.entries
+    sizes = [e.size for e in entries]
     if reading != WHOLE and None in sizes:  # planned by a listing without sizes
-        sizes = file_sizes(fs, [f"{root}/{e['rel']}" for e in entries])
+        sizes = file_sizes(fs, [f"{root}/{e.rel}" for e in entries])
     for group in file_groups(sizes, reading):
         chosen = [entries[i] for i in group]
-        wanted = [f"{root}/{e['rel']}" for e in chosen]
+        wanted = [f"{root}/{e.rel}" for e in chosen]
         wanted_sizes = [sizes[i] for i in group]
         for ext in SIDECARS:
-            found = [sidecar_path(root, e, ext) for e in chosen if e.get(ext)]
+            found = [sidecar_path(root, e, ext) for e in chosen if e.has(ext)]
             wanted, wanted_sizes = wanted + found, wanted_sizes + [None] * len(found)
         blobs = fetch_files(fs, wanted, wanted_sizes, reading)
         yield image_batch(part, root, group, blobs)
 
 
-def image_batch(part: dict[str, Any], root: str, group: range, blobs: dict) -> Columns:
+def image_batch(part: FolderPartition, root: str, group: range, blobs: dict) -> Columns:
     batch = empty_batch()
     for index in group:
-        entry = part["entries"][index]
-        path = f"{root}/{entry['rel']}"
+        entry = part.entries[index]
+        path = f"{root}/{entry.rel}"
         found = [
-            blobs.get(sidecar_path(root, entry, ext)) if entry.get(ext) else None
+            blobs.get(sidecar_path(root, entry, ext)) if entry.has(ext) else None
             for ext in SIDECARS
         ]
         sample = image_sample(entry, blobs.get(path), *found)
-        sample.update({"__part__": part["part"], "__index__": index, "__source__": text_name(path)})
+        sample.update({"__part__": part.number, "__index__": index, "__source__": text_name(path)})
         append_sample(batch, sample)
     return batch
 
 
-def image_sample(
-    entry: dict[str, Any], data: Any, caption: Any, meta: Any = None
-) -> dict[str, Any]:
+def image_sample(entry: FileEntry, data: Any, caption: Any, meta: Any = None) -> dict[str, Any]:
     """A folder's sample. A caption or metadata file that exists but cannot be read is a
     read_error (not a sample without them); metadata must be a JSON object (else bad_json)
     and `source`, the file's path, is added unless the metadata has its own."""
-    ext = entry["rel"].rpartition(".")[2].lower()
-    source = text_name(entry["rel"])
-    sample: dict[str, Any] = {"__key__": entry["key"], "json": json.dumps({"source": source})}
+    ext = entry.rel.rpartition(".")[2].lower()
+    source = text_name(entry.rel)
+    sample: dict[str, Any] = {"__key__": entry.key, "json": json.dumps({"source": source})}
     sidecars = [None if isinstance(b, FileNotFoundError) else b for b in (caption, meta)]
     caption, meta = sidecars  # gone since the listing (or a dangling link): none
     if any(isinstance(blob, Exception) for blob in (data, *sidecars)) or data is None:

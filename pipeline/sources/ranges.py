@@ -36,6 +36,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from mmcurate.pipeline.sources.csv_lists import BAD_ROW, read_csv_rows, with_bad_row_column
+from mmcurate.pipeline.sources.records import UrlPartition
 
 BLOCK = 256 << 10  # bytes per read of the planning scan (its numpy arrays: ~30x that)
 NEWLINE, CR = 10, 13
@@ -204,21 +205,22 @@ def unpack_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def read_byte_range(fs: Any, path: str, part: dict[str, Any]) -> pa.Table:
+def read_byte_range(fs: Any, path: str, part: UrlPartition) -> pa.Table:
     """A plain text partition: its header and byte range, parsed with the whole file's types."""
-    schema = unpack_schema(part["schema"])
-    start, end = part["range"]
+    assert part.schema is not None and part.byte_range is not None, "a planned byte range"
+    schema = unpack_schema(part.schema)
+    start, end = part.byte_range
     body = fs.cat_file(path, start=start, end=end)
-    columns = part["columns"] or schema.names
-    if part["format"] == "jsonl":  # only the used columns: the others are never converted
+    columns = list(part.columns or schema.names)
+    if part.format == "jsonl":  # only the used columns: the others are never converted
         used = pa.schema([schema.field(name) for name in columns])
         return json_table(lambda: io.BytesIO(body), used).select(columns)
-    header = fs.cat_file(path, start=0, end=part["header"]) if part["header"] else b""
+    header = fs.cat_file(path, start=0, end=part.header) if part.header else b""
     convert = pacsv.ConvertOptions(
         column_types=dict(zip(schema.names, schema.types, strict=True)),
         include_columns=[name for name in columns if name != BAD_ROW],
     )
-    table = read_csv_rows(lambda: io.BytesIO(header + body), part["format"], convert)
+    table = read_csv_rows(lambda: io.BytesIO(header + body), part.format or "csv", convert)
     return with_bad_row_column(table, columns)
 
 

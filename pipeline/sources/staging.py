@@ -8,8 +8,9 @@ Planned for gzipped lists (no random access), csv/tsv/jsonl whose rows are not o
 cannot read less than a row group). The copy holds only the columns the build uses: url,
 caption and `source.carry_columns`. It is written atomically after the build has claimed its
 output folder (`_work/` is the build's scratch: cleared by --overwrite, removed at commit,
-pipeline/output/claim.py) and reused when a build resumes. Until staged (`staged_url` unset),
-such a partition reads the original the slow way, with the same keys and json.
+pipeline/output/claim.py) and reused when a build resumes. Staging returns new partition records
+with `staged_url` set (records are immutable); until staged (`staged_url` unset), such a
+partition reads the original the slow way, with the same keys and json.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -27,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from mmcurate.core.atomic import write_bytes_atomic
 from mmcurate.core.storage import filesystem, join, with_protocol, with_retries
+from mmcurate.pipeline.sources.records import Partition, UrlPartition
 from mmcurate.pipeline.sources.tables import file_format, read_table
 
 log = logging.getLogger("mmcurate.sources")
@@ -56,38 +59,43 @@ def staged_chunk(index: int) -> str:
     return f"{index:06d}.parquet"
 
 
-def stage_jobs(parts: list[dict[str, Any]], work_url: str) -> list[dict[str, Any]]:
-    """One job per file to stage (partitions that ask for it); sets their `staged_url`."""
+def stage_jobs(
+    parts: list[Partition], work_url: str
+) -> tuple[list[dict[str, Any]], list[Partition]]:
+    """One job per file to stage (partitions that ask for it), and the partitions with their
+    `staged_url` set (new records; the others as they were)."""
     jobs: dict[str, dict[str, Any]] = {}
+    staged: list[Partition] = []
     for part in parts:
-        if "stage" not in part:
+        if not isinstance(part, UrlPartition) or part.stage is None:
+            staged.append(part)
             continue
-        folder = join(work_url, part["stage"])
-        part["staged_url"] = join(folder, staged_chunk(part["stage_index"]))
+        folder = join(work_url, part.stage)
+        staged.append(replace(part, staged_url=join(folder, staged_chunk(part.stage_index or 0))))
         jobs.setdefault(
             folder,
             {
                 "folder": folder,
-                "source": with_protocol(part["protocol"], part["file"]),
-                "columns": part["columns"],
-                "text_columns": [part["url_column"], part["caption_column"]],
-                "rows_per_part": part["stage_rows"],
+                "source": with_protocol(part.protocol, part.file),
+                "columns": None if part.columns is None else list(part.columns),
+                "text_columns": [part.url_column, part.caption_column],
+                "rows_per_part": part.stage_rows,
             },
         )
-    return list(jobs.values())
+    return list(jobs.values()), staged
 
 
 def stage_sources(
-    parts: list[dict[str, Any]],
+    parts: list[Partition],
     work_url: str,
     storage_options: dict[str, Any],
     run: Any = None,
-) -> list[dict[str, Any]]:
+) -> list[Partition]:
     """Write the staged copies these partitions need (skipping those a resumed build already
     finished: their `done` mark exists); `run(jobs, fn)` fans out (e.g. Ray tasks), else one
-    after another here. Returns the partitions, their `staged_url` set. Call after the output
-    is claimed, before phase A."""
-    jobs = stage_jobs(parts, work_url)
+    after another here. Returns the partitions, their `staged_url` set (new records: the
+    given ones are unchanged). Call after the output is claimed, before phase A."""
+    jobs, staged = stage_jobs(parts, work_url)
     todo = [job for job in jobs if not is_staged(job, storage_options)]
     if todo:
         log.info("staging %d URL list file(s) as parquet under %s", len(todo), work_url)
@@ -99,7 +107,7 @@ def stage_sources(
         else:
             for job in todo:
                 one(job)
-    return parts
+    return staged
 
 
 def is_staged(job: dict[str, Any], storage_options: dict[str, Any]) -> bool:

@@ -52,6 +52,7 @@ from mmcurate.pipeline.sources.ranges import (
     read_row_groups,
     scan_rows,
 )
+from mmcurate.pipeline.sources.records import Partition, UrlPartition
 from mmcurate.pipeline.sources.samples import SOURCE, append_sample, decode_caption, empty_batch
 from mmcurate.pipeline.sources.staging import stage_folder
 from mmcurate.pipeline.sources.tables import file_format, is_empty, opener, read_table
@@ -222,30 +223,32 @@ def plan_parquet(
     return info.num_rows, row_groups
 
 
-def plan_urls(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_urls(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[UrlPartition]:
     """Partitions of `files_per_task` rows: (file, first row in file, rows, first global row),
     and how to read just those rows (plan_file)."""
     fs, paths = list_url_files(cfg, storage_options)
     protocol = protocol_of(cfg.path)
-    parts: list[dict[str, Any]] = []
+    parts: list[UrlPartition] = []
     first_global = 0
     for path in paths:
         rows, how = plan_file(fs, path, cfg)
         for start in range(0, rows, cfg.files_per_task):
             count = min(cfg.files_per_task, rows - start)
-            parts.append(
-                {
-                    "kind": "urls",
-                    "part": len(parts),
-                    "file": path,
-                    "start": start,
-                    "count": count,
-                    "first_key": first_global + start,
-                    "protocol": protocol,
-                    "url_column": cfg.url_column,
-                    "caption_column": cfg.caption_column,
-                    **how(start, count),
-                }
+            parts.append(  # the plan entry as a dict: `how` gives the keys of its kind of read
+                url_partition(
+                    {
+                        "kind": "urls",
+                        "part": len(parts),
+                        "file": path,
+                        "start": start,
+                        "count": count,
+                        "first_key": first_global + start,
+                        "protocol": protocol,
+                        "url_column": cfg.url_column,
+                        "caption_column": cfg.caption_column,
+                        **how(start, count),
+                    }
+                )
             )
         first_global += rows
     if not parts:  # one empty list (a header, or 0 bytes) is 0 rows; all of them: an error
@@ -254,40 +257,47 @@ def plan_urls(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[s
     return parts
 
 
-def part_table(part: dict[str, Any], storage_options: dict[str, Any]) -> pa.Table:
+def url_partition(entry: dict[str, Any]) -> UrlPartition:
+    """The record of a plan entry (the dict that its `to_dict` gives back)."""
+    record = Partition.from_dict(entry)
+    assert isinstance(record, UrlPartition)
+    return record
+
+
+def part_table(part: UrlPartition, storage_options: dict[str, Any]) -> pa.Table:
     """Just this partition's rows (and used columns)."""
-    if part.get("staged_url"):
-        fs, path = filesystem(part["staged_url"], storage_options)
+    if part.staged_url:
+        fs, path = filesystem(part.staged_url, storage_options)
         return pq.ParquetFile(io.BytesIO(with_retries(lambda: fs.cat_file(path)))).read()
-    fs, path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)
-    columns, how = part.get("columns"), part.get("read", "whole")  # a hand-made part: whole
-    if how == "row_groups":
-        table = with_retries(
-            lambda: read_row_groups(fs, path, part["groups"], columns, part["size"], part["footer"])
-        )
-        return table.slice(part["skip"], part["count"])
-    if how == "bytes":
+    fs, path = filesystem(with_protocol(part.protocol, part.file), storage_options)
+    columns = None if part.columns is None else list(part.columns)
+    if part.read == "row_groups":
+        groups, size, footer = list(part.groups or ()), part.size or 0, part.footer or 0
+        table = with_retries(lambda: read_row_groups(fs, path, groups, columns, size, footer))
+        return table.slice(part.skip, part.count)
+    if part.read == "bytes":
         return with_retries(lambda: read_byte_range(fs, path, part))
-    table = read_table(fs, path, (part["url_column"], part["caption_column"]))
-    table = table.slice(part["start"], part["count"])
+    # "whole" (or a hand-made partition with no plan of its read)
+    table = read_table(fs, path, (part.url_column, part.caption_column))
+    table = table.slice(part.start, part.count)
     return table if columns is None else table.select(columns)
 
 
-def read_urls(part: dict[str, Any], storage_options: dict[str, Any]) -> dict[str, list]:
+def read_urls(part: UrlPartition, storage_options: dict[str, Any]) -> dict[str, list]:
     """One partition's rows as samples: key, url, caption and the other columns as JSON."""
     table = part_table(part, storage_options)
-    if table.num_rows != part["count"]:
+    if table.num_rows != part.count:
         raise RuntimeError(
-            f"{part['file']}: partition {part['part']} read {table.num_rows} rows, "
-            f"planned {part['count']} (the file changed since planning?)"
+            f"{part.file}: partition {part.number} read {table.num_rows} rows, "
+            f"planned {part.count} (the file changed since planning?)"
         )
-    path = filesystem(with_protocol(part["protocol"], part["file"]), storage_options)[1]
+    path = filesystem(with_protocol(part.protocol, part.file), storage_options)[1]
     batch = empty_batch()
     table = binary_where_not_utf8(table)
     pandas_for_nanoseconds(table.schema)
     for index, row in enumerate(table.to_pylist()):
-        sample = url_sample(row, part, part["first_key"] + index)
-        sample.update({"__part__": part["part"], "__index__": index, "__source__": path})
+        sample = url_sample(row, part, part.first_key + index)
+        sample.update({"__part__": part.number, "__index__": index, "__source__": path})
         append_sample(batch, sample)
     return batch
 
@@ -306,15 +316,15 @@ def readable(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-def bad_row_reason(part: dict[str, Any]) -> str:
-    return "bad_json_row" if part.get("format", "jsonl") == "jsonl" else "bad_csv_row"
+def bad_row_reason(part: UrlPartition) -> str:
+    return "bad_json_row" if (part.format or "jsonl") == "jsonl" else "bad_csv_row"
 
 
-def url_sample(row: dict[str, Any], part: dict[str, Any], position: int) -> dict[str, Any]:
+def url_sample(row: dict[str, Any], part: UrlPartition, position: int) -> dict[str, Any]:
     key = f"{position:0{KEY_DIGITS}d}"
     bad_line = row.pop(BAD_ROW, None)
-    url, url_problem = as_text(row.pop(part["url_column"], None))
-    caption, caption_problem = as_text(row.pop(part["caption_column"], None))
+    url, url_problem = as_text(row.pop(part.url_column, None))
+    caption, caption_problem = as_text(row.pop(part.caption_column, None))
     for name in OWN_FIELDS:  # the list's own `key` (img2dataset's), `url`, `caption` columns
         if name in row:
             row.setdefault(f"source_{name}", row.pop(name))

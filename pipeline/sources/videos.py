@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mmcurate.core.config_io import ConfigError
@@ -25,6 +25,12 @@ from mmcurate.core.tario import safe_key
 from mmcurate.pipeline.config import SourceConfig
 from mmcurate.pipeline.sources.csv_lists import BAD_ROW
 from mmcurate.pipeline.sources.files import fetch_files, file_groups, file_sizes
+from mmcurate.pipeline.sources.records import (
+    FileEntry,
+    FolderPartition,
+    VideoListPartition,
+    VideoRow,
+)
 from mmcurate.pipeline.sources.samples import (
     SOURCE,
     WHOLE,
@@ -46,7 +52,7 @@ def is_list_file(path: str) -> bool:
     return any(path.removesuffix(".gz").endswith(suffix) for suffix in FORMATS)
 
 
-def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[FolderPartition]:
     """Matching video files under the glob's fixed prefix, as `images`-style partitions."""
     fs, pattern = filesystem(cfg.path, storage_options)
     prefix = pattern[: min(pattern.find(c) for c in GLOB_CHARS if c in pattern)]
@@ -62,15 +68,17 @@ def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
     versions = [f"{found[p].get('size')}:{store_version(found[p])}" for p in files]
     disambiguate_keys(entries)
     size = cfg.files_per_task
+    files = [FileEntry(e["rel"], e["key"], e["txt"], listed=False) for e in entries]
     return [
-        {
-            "kind": "videos",
-            "part": i,
-            "root": root,
-            "protocol": protocol_of(cfg.path),
-            "entries": entries[start : start + size],
-            "inputs": versions[start : start + size],  # a video changed in place: another build
-        }
+        FolderPartition(
+            kind="videos",
+            number=i,
+            root=root,
+            protocol=protocol_of(cfg.path),
+            entries=tuple(files[start : start + size]),
+            # a video changed in place: another build
+            inputs=tuple(versions[start : start + size]),
+        )
         for i, start in enumerate(range(0, len(entries), size))
     ]
 
@@ -105,7 +113,7 @@ def is_clip_key_of(key: str, videos: set[str]) -> bool:
     return False
 
 
-def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[VideoListPartition]:
     """Rows of the list file in partitions of `files_per_task`: (key, video URL, caption)."""
     fs, path = filesystem(cfg.path, storage_options)
     if not fs.isfile(path):
@@ -129,26 +137,26 @@ def plan_video_list(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
         )
         reason = bad_reason if bad[index] else reason
         url = video if not video or "://" in video or video.startswith("/") else f"{folder}/{video}"
-        rows.append({"key": f"{index:09d}", "url": url, "caption": caption, "reason": reason})
+        rows.append(VideoRow(f"{index:09d}", url, caption, reason))
     size = cfg.files_per_task
     return [
-        {"kind": "video_list", "part": i, "rows": rows[start : start + size]}
+        VideoListPartition(kind="video_list", number=i, rows=tuple(rows[start : start + size]))
         for i, start in enumerate(range(0, len(rows), size))
     ]
 
 
-def read_video_list(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
+def read_video_list(part: VideoListPartition, storage_options: dict[str, Any]) -> Columns:
     """One partition's videos, as one batch."""
     return whole_batch(video_list_chunks(part, storage_options, WHOLE))
 
 
 def video_list_chunks(
-    part: dict[str, Any], storage_options: dict[str, Any], reading: Reading
+    part: VideoListPartition, storage_options: dict[str, Any], reading: Reading
 ) -> Iterator[Columns]:
     """A list partition in chunks of rows bounded in count and bytes; each chunk's videos
     fetched with one batched `cat` per filesystem (those above `spill_bytes` by path or
     spilled, never whole)."""
-    rows = part["rows"]
+    rows = part.rows
     sizes: list[int | None] = [None] * len(rows)
     if reading != WHOLE:
         sizes = list_sizes(rows, storage_options)
@@ -158,31 +166,31 @@ def video_list_chunks(
         batch = empty_batch()
         for index in group:
             row = rows[index]
-            append_sample(batch, video_row(row, blobs.get(row["url"]), part["part"], index))
+            append_sample(batch, video_row(row, blobs.get(row.url), part.number, index))
         yield batch
 
 
-def by_protocol(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+def by_protocol(rows: Sequence[VideoRow]) -> dict[str, list[int]]:
     """Positions of the rows with a video, by the protocol of its URL."""
     found: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
-        if row["url"]:
-            found.setdefault(protocol_of(row["url"]), []).append(i)
+        if row.url:
+            found.setdefault(protocol_of(row.url), []).append(i)
     return found
 
 
-def list_sizes(rows: list[dict[str, Any]], storage_options: dict[str, Any]) -> list[int | None]:
+def list_sizes(rows: Sequence[VideoRow], storage_options: dict[str, Any]) -> list[int | None]:
     sizes: list[int | None] = [None] * len(rows)
     for protocol, places in by_protocol(rows).items():
         fs, _ = filesystem(with_protocol(protocol, "/"), storage_options)
-        paths = [filesystem(rows[i]["url"], storage_options)[1] for i in places]
+        paths = [filesystem(rows[i].url, storage_options)[1] for i in places]
         for i, size in zip(places, file_sizes(fs, paths), strict=True):
             sizes[i] = size
     return sizes
 
 
 def fetch_rows(
-    chosen: list[tuple[dict[str, Any], int | None]],
+    chosen: list[tuple[VideoRow, int | None]],
     storage_options: dict[str, Any],
     reading: Reading,
 ) -> dict[str, Any]:
@@ -191,25 +199,25 @@ def fetch_rows(
     blobs: dict[str, Any] = {}
     for protocol, places in by_protocol(rows).items():
         fs, _ = filesystem(with_protocol(protocol, "/"), storage_options)
-        urls = [rows[i]["url"] for i in places]
+        urls = [rows[i].url for i in places]
         paths = [filesystem(url, storage_options)[1] for url in urls]
         fetched = fetch_files(fs, paths, [chosen[i][1] for i in places], reading)
         blobs.update({url: fetched.get(p) for url, p in zip(urls, paths, strict=True)})
     return blobs
 
 
-def video_row(row: dict[str, Any], data: Any, part: int, index: int) -> dict[str, Any]:
+def video_row(row: VideoRow, data: Any, part: int, index: int) -> dict[str, Any]:
     sample: dict[str, Any] = {
-        "__key__": row["key"],
+        "__key__": row.key,
         "__part__": part,
         "__index__": index,
-        "__source__": row["url"],
-        "txt": row["caption"],
-        "json": json.dumps({"source": row["url"]}),
+        "__source__": row.url,
+        "txt": row.caption,
+        "json": json.dumps({"source": row.url}),
     }
-    ext = (row["url"] or "").rpartition(".")[2].lower()
-    if row.get("reason"):
-        return sample | {DROP: row["reason"], DROP_STAGE: SOURCE}
-    if not row["url"] or isinstance(data, Exception) or data is None:
+    ext = (row.url or "").rpartition(".")[2].lower()
+    if row.reason:
+        return sample | {DROP: row.reason, DROP_STAGE: SOURCE}
+    if not row.url or isinstance(data, Exception) or data is None:
         return sample | {DROP: "read_error", DROP_STAGE: SOURCE}
     return sample | {ext if ext in VIDEO_EXTS else "mp4": data}

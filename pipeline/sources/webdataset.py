@@ -25,6 +25,7 @@ from mmcurate.core.storage import (
 )
 from mmcurate.core.tario import LINKS, SpillTo, iter_tar_samples, safe_key, text_name
 from mmcurate.pipeline.config import SourceConfig
+from mmcurate.pipeline.sources.records import TarPartition
 from mmcurate.pipeline.sources.samples import (
     SOURCE,
     WHOLE,
@@ -37,7 +38,7 @@ from mmcurate.pipeline.sources.samples import (
 from mmcurate.stages.base import DROP, DROP_STAGE, Columns
 
 
-def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[TarPartition]:
     """One partition per tar matched by the glob (sorted, so order is deterministic). Each
     carries `inputs`, the tar's size and version (modification time, ETag), so a tar changed
     in place changes the build identity."""
@@ -47,7 +48,7 @@ def plan_webdataset(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
         raise ConfigError(f"source.path: no tar files match {cfg.path}")
     protocol = protocol_of(cfg.path)
     return [
-        {"kind": "webdataset", "part": i, "tar": t, "protocol": protocol, "inputs": tars[t]}
+        TarPartition(kind="webdataset", number=i, tar=t, protocol=protocol, inputs=tars[t])
         for i, t in enumerate(sorted(tars))
     ]
 
@@ -69,18 +70,18 @@ def tar_versions(fs: Any, pattern: str) -> dict[str, str]:
     }
 
 
-def read_webdataset(part: dict[str, Any], storage_options: dict[str, Any]) -> Columns:
+def read_webdataset(part: TarPartition, storage_options: dict[str, Any]) -> Columns:
     """One tar's samples, as one batch."""
     return whole_batch(webdataset_chunks(part, storage_options, WHOLE))
 
 
 def webdataset_chunks(
-    part: dict[str, Any], storage_options: dict[str, Any], reading: Reading
+    part: TarPartition, storage_options: dict[str, Any], reading: Reading
 ) -> Iterator[Columns]:
     """Stream one tar in chunks. A transient storage error restarts the stream past the
     samples already read (bounded), so none is read twice; a damaged tar keeps the samples
     before the damage and counts one `corrupt_tar` error."""
-    fs, path = filesystem(with_protocol(part["protocol"], part["tar"]), storage_options)
+    fs, path = filesystem(with_protocol(part.protocol, part.tar), storage_options)
     transient = transient_errors()
     chunker, seen = Chunker(reading), set()
     spill = None
@@ -102,7 +103,7 @@ def webdataset_chunks(
 
 
 def stream_tar(
-    fs: Any, path: str, part: dict[str, Any], seen: set[str], start: int, spill: SpillTo | None
+    fs: Any, path: str, part: TarPartition, seen: set[str], start: int, spill: SpillTo | None
 ) -> Iterator[dict[str, Any]]:
     """The tar's samples from sample `start` on (those before it are skipped unread)."""
     with fs.open(path, "rb") as fileobj:
@@ -115,11 +116,11 @@ def stream_tar(
             yield sample
 
 
-def damage_row(part: dict[str, Any], path: str, err: Exception, index: int) -> dict[str, Any]:
+def damage_row(part: TarPartition, path: str, err: Exception, index: int) -> dict[str, Any]:
     stem = sanitize_key(path.rpartition("/")[2])
     return {
         "__key__": f"{stem}_damaged",
-        "__part__": part["part"],
+        "__part__": part.number,
         "__index__": index,
         "__source__": text_name(path),
         DROP: f"corrupt_tar:{type(err).__name__}",
@@ -135,7 +136,7 @@ CARRIED = (*IMAGE_COLUMNS, *VIDEO_COLUMNS, "cls")  # tar members copied as they 
 SPILLED_COLUMNS = frozenset((*IMAGE_COLUMNS, *VIDEO_COLUMNS))
 
 
-def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[str, Any]:
+def tar_sample(raw: dict[str, Any], part: TarPartition, index: int) -> dict[str, Any]:
     """A WebDataset sample. One with none of the members a build carries (images, videos,
     txt, json, cls; e.g. only `.npy`) is dropped as no_members: written, it would be a
     sample with no files that the manifest counts and readers never see. One with a member
@@ -146,9 +147,9 @@ def tar_sample(raw: dict[str, Any], part: dict[str, Any], index: int) -> dict[st
     sample.update(
         {
             "__key__": key,
-            "__part__": part["part"],
+            "__part__": part.number,
             "__index__": index,
-            "__source__": text_name(part["tar"]),
+            "__source__": text_name(part.tar),
         }
     )
     text, reason = decode_caption(raw.get("txt"))

@@ -26,7 +26,8 @@ from mmcurate.pipeline.sources.partitions import plan_source, read_partition
 from mmcurate.stages.base import DROP
 from mmcurate.stages.decode_image import merge_json
 from mmcurate.stages.video_frames import merge_meta
-from PIL import Image
+
+from tests.kit_keys import jpeg, make_awkward_folder, raw_headers, write_input_tar
 
 AWKWARD = [
     "plain",
@@ -61,26 +62,8 @@ AWKWARD = [
 ]
 
 
-def jpeg(colour: str = "red", size: int = 24) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (size, size), colour).save(out, "JPEG")
-    return out.getvalue()
-
-
 def rows(batch: dict) -> list[dict]:
     return [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-
-
-def raw_headers(data: bytes) -> list[tuple[str, bytes]]:
-    """(name field, typeflag) of every header block, walking the tar by hand."""
-    out, offset = [], 0
-    while offset + 512 <= len(data) and data[offset : offset + 512].strip(b"\0"):
-        block = data[offset : offset + 512]
-        name = block[:100].rstrip(b"\0").decode("ascii")
-        size = int(block[124:136].strip(b"\0 ") or b"0", 8)
-        out.append((name, block[156:157]))
-        offset += 512 + -(-size // 512) * 512
-    return out
 
 
 def test_safe_keys_are_clean_bounded_distinct_and_stable():
@@ -120,30 +103,6 @@ def test_written_tars_carry_no_pax_headers_and_split_back_to_the_keys():
     assert all(split_member_name(name)[0] in {s["__key__"] for s in samples} for name, _ in headers)
 
 
-def make_awkward_folder(root: Path) -> dict[str, str]:
-    """Image files with awkward names (and sidecar captions); returns rel path -> caption."""
-    names = {
-        "a.jpg": "stem a",
-        "a.png": "stem a",  # one sidecar caption for both
-        "a b.jpg": "space",
-        "a_b.jpg": "underscore",
-        "dir.x/k.jpg": "dotted folder",
-        "dir_x/k.jpg": "the same readable form",
-        ".hidden.jpg": "leading dot",
-        "v1.2.final.jpg": "dots in the stem",
-        "写真 草.jpg": "non-ASCII",
-        "café.jpg": "accent",
-        ("n" * 90) + ".jpg": "long",
-        ("長" * 60) + ".jpg": "long non-ASCII (180 bytes)",
-    }
-    for rel, caption in names.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(jpeg())
-        path.with_suffix(".txt").write_text(caption)
-    return names
-
-
 def test_image_folder_keys_unique_clean_and_the_path_kept_in_json(tmp_path):
     names = make_awkward_folder(tmp_path)
     undecodable = os.path.join(os.fsencode(tmp_path), b"caf\xe9-latin1.jpg")
@@ -160,15 +119,7 @@ def test_image_folder_keys_unique_clean_and_the_path_kept_in_json(tmp_path):
         assert sources[rel]["txt"] == caption
     assert "caf\\udce9-latin1.jpg" in sources  # the odd byte shown, valid UTF-8
     again = plan_source(SourceConfig(kind="images", path=str(tmp_path)), {})
-    assert [e["key"] for p in again for e in p["entries"]] == keys  # stable across reruns
-
-
-def write_input_tar(path: Path, members: list[tuple[str, bytes]], **options) -> None:
-    with tarfile.open(path, "w", **options) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    assert [e.key for p in again for e in p.entries] == keys  # stable across reruns
 
 
 def read_tar_source(path: Path) -> list[dict]:

@@ -15,7 +15,7 @@ from mmcurate.pipeline.sources.partitions import plan_source, read_partition
 from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from tests.sources.test_sources import rows
+from tests.kit_sources import rows
 
 
 def strict(text: str) -> dict:

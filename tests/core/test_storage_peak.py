@@ -31,6 +31,7 @@ from mmcurate.pipeline.output.candidates import write_chunk
 from mmcurate.pipeline.output.media_index import PartitionMedia
 from mmcurate.pipeline.output.media_table import MediaTable, media_name
 from mmcurate.pipeline.output.retire import Retirer, shard_runs
+from mmcurate.pipeline.output.shard_format import ShardSpec
 from mmcurate.pipeline.output.shard_refs import read_refs
 from mmcurate.pipeline.output.shards import (
     COPY_BATCH,
@@ -137,7 +138,7 @@ def test_referenced_payloads_rebuild_the_records_byte_for_byte(tmp_path):
     assert sorted(refs) == ["k2", "k3", "kk_long_key_5"]  # k4's 100 bytes: always stored
     assert [r["part"] for r in refs["k3"]] == [3] and refs["k2"][0]["part"] == 7
     spans = [(row["__key__"], row["__offset__"], row["__bytes__"]) for row in rows]
-    spec = {"parts": [(3, spans)], "refs": {3: refs}}
+    spec = ShardSpec("shard-000000.tar", len(spans), parts=((3, spans),), refs={3: refs})
     with open(tmp_path / "shard.tar", "wb") as target, HashingWriter(target) as out:
         copy_spans(str(tmp_path), spec, {}, out)
     expected = io.BytesIO()

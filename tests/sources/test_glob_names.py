@@ -14,7 +14,7 @@ from mmcurate.pipeline.sources.partitions import plan_source, read_partition
 from mmcurate.stages.base import DROP
 from PIL import Image
 
-from tests.sources.test_sources import rows
+from tests.kit_sources import rows
 
 NAMES = ["plain", "q[1]", "a?b", "star*", "[x]"]
 
@@ -68,7 +68,7 @@ def test_a_pattern_that_names_nothing_as_written_is_still_a_glob(tmp_path):
         with tarfile.open(tmp_path / f"{name}.tar", "w") as tar:
             tar.add(tmp_path / "src" / f"{name}.jpg", f"{name}.jpg")
     parts = plan_source(SourceConfig(kind="webdataset", path=str(tmp_path / "[ot]*.tar")), {})
-    assert [p["tar"].rpartition("/")[2] for p in parts] == ["one.tar", "two.tar"]
+    assert [p.tar.rpartition("/")[2] for p in parts] == ["one.tar", "two.tar"]
 
 
 @pytest.mark.parametrize("exists", [True, False])

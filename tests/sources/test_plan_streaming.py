@@ -69,12 +69,12 @@ def check_plan(path: str, read: str) -> None:
     cfg = SourceConfig(kind="urls", path=path, files_per_task=7)
     rows, columns, schema = expected_plan(path, cfg)
     parts = plan_urls(cfg, {})
-    assert sum(p["count"] for p in parts) == rows
-    assert {p["read"] for p in parts} == {read}
+    assert sum(p.count for p in parts) == rows
+    assert {p.read for p in parts} == {read}
     for part in parts:
-        assert part["columns"] == columns
+        assert part.to_dict()["columns"] == columns
         if read == "bytes":
-            assert unpack_schema(part["schema"]) == schema
+            assert unpack_schema(part.schema) == schema
 
 
 @pytest.mark.parametrize("case", sorted(CSV_CASES))

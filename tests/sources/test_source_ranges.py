@@ -16,10 +16,13 @@ import pytest
 from mmcurate.core.config_io import ConfigError
 from mmcurate.pipeline.config import SourceConfig
 from mmcurate.pipeline.sources.ranges import LineScan, groups_for, scan_rows
+from mmcurate.pipeline.sources.records import UrlPartition
 from mmcurate.pipeline.sources.staging import stage_sources
 from mmcurate.pipeline.sources.synth import laion_like_table, write_csv_list, write_parquet_list
 from mmcurate.pipeline.sources.urls import plan_urls, read_urls, url_sample
 from mmcurate.stages.base import DROP
+
+from tests.kit_sources import read_all
 
 COLUMNS = {"url_column": "URL", "caption_column": "TEXT"}
 
@@ -45,29 +48,32 @@ def reference_rows(path: str, fmt: str, per_task: int) -> list[tuple]:
     table = reference_table(path, fmt)
     rows = []
     for start in range(0, table.num_rows, per_task):
-        part = {"url_column": "URL", "caption_column": "TEXT"}
+        part = hand_made_part()
         for index, row in enumerate(table.slice(start, per_task).to_pylist()):
             rows.append(sample_tuple(url_sample(row, part, start + index)))
     return rows
+
+
+def hand_made_part() -> UrlPartition:
+    """A partition of a URL list with columns URL and TEXT (what `url_sample` reads of it)."""
+    return UrlPartition(
+        kind="urls",
+        number=0,
+        file="",
+        start=0,
+        count=0,
+        first_key=0,
+        protocol="file",
+        url_column="URL",
+        caption_column="TEXT",
+    )
 
 
 def sample_tuple(sample: dict) -> tuple:
     return (sample["__key__"], sample["url"], sample["txt"], sample["json"], sample.get(DROP))
 
 
-def read_all(cfg: SourceConfig, work=None) -> tuple[list[dict], list[dict]]:
-    """Every sample of the plan's partitions (staged into `work` first, when given)."""
-    parts = plan_urls(cfg, {})
-    if work is not None:
-        stage_sources(parts, str(work), {})
-    rows = []
-    for part in parts:
-        batch = read_urls(part, {})
-        rows += [dict(zip(batch, v, strict=True)) for v in zip(*batch.values(), strict=True)]
-    return rows, parts
-
-
-def new_rows(cfg: SourceConfig, work=None) -> tuple[list[tuple], list[dict]]:
+def new_rows(cfg: SourceConfig, work=None) -> tuple[list[tuple], list[UrlPartition]]:
     rows, parts = read_all(cfg, work)
     return [sample_tuple(row) for row in rows], parts
 
@@ -100,9 +106,9 @@ def test_parquet_reads_only_its_row_groups_and_matches_the_whole_file_reader(lai
     cfg = SourceConfig(kind="urls", path=str(path), files_per_task=256, **COLUMNS)
     rows, parts = new_rows(cfg)
     assert rows == reference_rows(str(path), "parquet", 256)
-    assert {p["read"] for p in parts} == {"row_groups"}
-    assert all(len(p["groups"]) <= 2 for p in parts)  # never the whole file
-    assert parts[1]["groups"] == [0, 1] and parts[1]["skip"] == 256
+    assert {p.read for p in parts} == {"row_groups"}
+    assert all(len(p.groups) <= 2 for p in parts)  # never the whole file
+    assert parts[1].groups == (0, 1) and parts[1].skip == 256
 
 
 def test_carry_columns_reads_and_carries_only_those(laion, tmp_path):
@@ -113,7 +119,7 @@ def test_carry_columns_reads_and_carries_only_those(laion, tmp_path):
         kind="urls", path=str(path), files_per_task=100, carry_columns=["NSFW"], **COLUMNS
     )
     rows, parts = new_rows(cfg)
-    assert parts[0]["columns"] == ["URL", "TEXT", "NSFW"]
+    assert parts[0].columns == ("URL", "TEXT", "NSFW")
     meta = json.loads(rows[5][3])
     assert set(meta) == {"key", "url", "caption", "NSFW"}
     assert meta["NSFW"] == table.column("NSFW")[5].as_py()
@@ -127,11 +133,11 @@ def test_huge_row_groups_are_staged_one_file_per_partition(laion, tmp_path):
     write_parquet_list(table, path, 2000)  # one row group of 20 partitions
     cfg = SourceConfig(kind="urls", path=str(path), files_per_task=100, **COLUMNS)
     before, parts = new_rows(cfg)  # not staged yet: each reads the row group, same rows
-    assert all("stage" in p and "staged_url" not in p for p in parts)
+    assert all(p.stage is not None and p.staged_url is None for p in parts)
     rows, parts = new_rows(cfg, work=tmp_path / "_work")
     assert rows == before == reference_rows(str(path), "parquet", 100)
-    assert len(list((tmp_path / "_work" / parts[0]["stage"]).glob("*.parquet"))) == 20
-    mark = tmp_path / "_work" / parts[0]["stage"] / "done.json"
+    assert len(list((tmp_path / "_work" / parts[0].stage).glob("*.parquet"))) == 20
+    mark = tmp_path / "_work" / parts[0].stage / "done.json"
     written = mark.stat().st_mtime_ns
     stage_sources(parts, str(tmp_path / "_work"), {})  # a resumed build reuses the copy
     assert mark.stat().st_mtime_ns == written
@@ -145,10 +151,10 @@ def test_plain_text_reads_byte_ranges_and_matches(laion, tmp_path, name):
     cfg = SourceConfig(kind="urls", path=str(path), files_per_task=256, **COLUMNS)
     rows, parts = new_rows(cfg)
     assert rows == reference_rows(str(path), name.rpartition(".")[2], 256)
-    assert {p["read"] for p in parts} == {"bytes"}
+    assert {p.read for p in parts} == {"bytes"}
     size = path.stat().st_size
-    header = parts[0]["header"]  # csv/tsv: the header line, read by every partition
-    assert sum(p["range"][1] - p["range"][0] for p in parts) == size - header  # each byte once
+    header = parts[0].header  # csv/tsv: the header line, read by every partition
+    assert sum(p.byte_range[1] - p.byte_range[0] for p in parts) == size - header  # each byte once
 
 
 def text_list(table: pa.Table, path) -> None:
@@ -176,9 +182,7 @@ def test_gzip_is_staged_once_and_matches(laion, tmp_path, name):
     rows, parts = new_rows(cfg, work=tmp_path / "out" / "_work")
     fmt = name.removesuffix(".gz").rpartition(".")[2]
     assert rows == reference_rows(str(path), fmt, 256)
-    assert all(
-        p["staged_url"].startswith(str(tmp_path / "out" / "_work" / "source")) for p in parts
-    )
+    assert all(p.staged_url.startswith(str(tmp_path / "out" / "_work" / "source")) for p in parts)
 
 
 def test_quoted_newlines_fall_back_to_staging(tmp_path, caplog):
@@ -189,7 +193,7 @@ def test_quoted_newlines_fall_back_to_staging(tmp_path, caplog):
     cfg = SourceConfig(kind="urls", path=str(path), files_per_task=8, **COLUMNS)
     rows, parts = new_rows(cfg, work=tmp_path / "_work")
     assert "quoted newlines" in caplog.text
-    assert {p["read"] for p in parts} == {"whole"} and all("staged_url" in p for p in parts)
+    assert {p.read for p in parts} == {"whole"} and all(p.staged_url is not None for p in parts)
     assert rows == reference_rows(str(path), "csv", 8)
     assert rows[0][2] == "two\nlines"
 
@@ -219,8 +223,8 @@ def test_on_s3_partitions_read_their_rows_and_staging_writes_there(laion, s3, s3
             kind="urls", path=f"s3://{s3_bucket}/lists/{name}", files_per_task=256, **COLUMNS
         )
         parts = plan_urls(cfg, options)
-        assert parts[0]["file_version"] == fs.info(f"{s3_bucket}/lists/{name}")["ETag"]
-        stage_sources(parts, f"s3://{s3_bucket}/out/_work", options)
+        assert parts[0].file_version == fs.info(f"{s3_bucket}/lists/{name}")["ETag"]
+        parts = stage_sources(parts, f"s3://{s3_bucket}/out/_work", options)
         rows = []
         for part in parts:
             batch = read_urls(part, options)
@@ -253,15 +257,15 @@ def test_a_changed_list_changes_the_plan_and_is_never_read_from_a_stale_copy(tmp
     cfg = SourceConfig(kind="urls", path=str(path), files_per_task=2, **COLUMNS)
     small_list(path, ["old1", "old2", "old3"])
     before, old_parts = new_rows(cfg, work=work)
-    assert all({"file_size", "file_version"} <= set(p) for p in old_parts)
+    assert all({"file_size", "file_version"} <= set(p.to_dict()) for p in old_parts)
     small_list(path, ["NEW1", "NEW2", "NEW3-longer"])
     after, parts = new_rows(cfg, work=work)
-    assert [p["file_size"] for p in parts] != [p["file_size"] for p in old_parts]
+    assert [p.file_size for p in parts] != [p.file_size for p in old_parts]
     assert [r[2] for r in before] == ["old1", "old2", "old3"]
     assert [r[2] for r in after] == ["NEW1", "NEW2", "NEW3-longer"]
     if name.endswith(".gz"):
-        assert parts[0]["stage"] != old_parts[0]["stage"]
-        assert all(p["staged_url"].startswith(str(work / parts[0]["stage"])) for p in parts)
+        assert parts[0].stage != old_parts[0].stage
+        assert all(p.staged_url.startswith(str(work / parts[0].stage)) for p in parts)
 
 
 def test_jsonl_objects_sharing_a_line_are_staged_not_byte_planned(tmp_path):
@@ -282,12 +286,12 @@ def test_jsonl_objects_sharing_a_line_are_staged_not_byte_planned(tmp_path):
             for work in (None, tmp_path / f"_work{every}"):
                 rows, parts = new_rows(cfg, work=work)
                 assert rows == reference_rows(str(path), "jsonl", every), (name, every)
-                assert {p["read"] for p in parts} == {"whole"}
+                assert {p.read for p in parts} == {"whole"}
     ws = tmp_path / "ws.jsonl"  # whitespace-only lines alone: still byte ranges
     ws.write_text(f"{one % (u, 'a')}\n \t \n{one % (u, 'b')}\r\n\n{one % (u, 'c')}")
     cfg = SourceConfig(kind="urls", path=str(ws), files_per_task=2, **COLUMNS)
     rows, parts = new_rows(cfg)
-    assert {p["read"] for p in parts} == {"bytes"}
+    assert {p.read for p in parts} == {"bytes"}
     assert rows == reference_rows(str(ws), "jsonl", 2)
 
 

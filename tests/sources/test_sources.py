@@ -10,9 +10,7 @@ from mmcurate.pipeline.output.claim import build_identity
 from mmcurate.pipeline.sources.partitions import plan_source, read_partition
 from mmcurate.stages.base import DROP
 
-
-def rows(batch: dict) -> list[dict]:
-    return [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+from tests.kit_sources import rows
 
 
 def test_file_gone_between_listing_and_reading_is_read_error(image_folder):

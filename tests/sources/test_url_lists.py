@@ -15,7 +15,7 @@ from mmcurate.pipeline.config import BuildConfig, SourceConfig
 from mmcurate.pipeline.sources.urls import plan_urls
 from mmcurate.stages.base import DROP
 
-from tests.sources.test_source_ranges import read_all
+from tests.kit_sources import read_all
 
 U = "http://127.0.0.1:9/x.jpg"
 
@@ -44,7 +44,7 @@ def test_jsonl_values_of_another_type_are_read_not_a_failed_build(tmp_path, ever
     jsonl(tmp_path / name, MIXED)
     cfg = SourceConfig(kind="urls", path=str(tmp_path / name), files_per_task=every)
     rows, parts = read_all(cfg, work=tmp_path / "_work" if staged else None)
-    assert {p["read"] for p in parts} == ({"bytes"} if name == "a.jsonl" else {"whole"})
+    assert {p.read for p in parts} == ({"bytes"} if name == "a.jsonl" else {"whole"})
     assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(4)]
     assert [r["url"] for r in rows] == [U, "12345", U, U]  # download: not http -> dropped there
     assert [r["txt"] for r in rows] == ["a cat", "2019", '["a", 1]', "a dog"]
@@ -66,7 +66,7 @@ def test_jsonl_columns_not_carried_are_never_converted(tmp_path, every):
         kind="urls", path=str(tmp_path / "a.jsonl"), files_per_task=every, carry_columns=[]
     )
     got, parts = read_all(cfg)
-    assert all(p["columns"] == ["url", "caption"] for p in parts)
+    assert all(p.columns == ("url", "caption") for p in parts)
     assert [r["txt"] for r in got] == [f"c{i}" for i in range(7)]
     assert all(set(json.loads(r["json"])) == {"key", "url", "caption"} for r in got)
 
@@ -178,7 +178,7 @@ def test_an_empty_list_among_others_counts_as_zero_rows(tmp_path, empty, data):
     rows, parts = read_all(cfg, work=tmp_path / "_work")
     assert [r["txt"] for r in rows] == ["c0", "c1", "c2", "c3"]
     assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(4)]
-    assert {p["file"] for p in parts} == {str(first), str(last)}
+    assert {p.file for p in parts} == {str(first), str(last)}
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def test_formats_keys_and_carried_columns(tmp_path, name):
         caption_column="TEXT",
         files_per_task=10,
     )
-    assert [p["count"] for p in plan_urls(cfg, {})] == [10, 10, 5]
+    assert [p.count for p in plan_urls(cfg, {})] == [10, 10, 5]
     rows = read_all(cfg)
     assert [r["__key__"] for r in rows] == [f"{i:09d}" for i in range(25)]
     assert rows[7]["url"] == "http://127.0.0.1:9/7.jpg" and rows[7]["txt"] == "caption 7"

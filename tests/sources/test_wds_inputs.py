@@ -64,8 +64,8 @@ def test_a_tar_replaced_on_s3_changes_the_plan(s3, s3_bucket, tar_shards):
     fs.invalidate_cache()
     after = [plan_source(c, s3.storage_options) for c in (cfg, single)]
     assert before[0] == before[1] and after[0] == after[1]  # a glob or the tar itself
-    assert before[0][0]["inputs"] != after[0][0]["inputs"]
-    assert before[0][0]["inputs"].startswith(f"{tar.stat().st_size}:")
+    assert before[0][0].inputs != after[0][0].inputs
+    assert before[0][0].inputs.startswith(f"{tar.stat().st_size}:")
 
 
 def test_a_finished_build_of_a_changed_tar_is_not_already_built(ray_session, tmp_path, tar_shards):

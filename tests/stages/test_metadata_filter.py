@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from mmcurate.core.config_io import ConfigError
-from mmcurate.pipeline.sources.urls import read_urls
+from mmcurate.pipeline.sources.urls import read_urls, url_partition
 from mmcurate.stages.metadata_filter import parse_condition
 from mmcurate.stages.registry import build_stage
 
@@ -31,6 +31,7 @@ def laion_batch(tmp_path) -> dict:
     path = tmp_path / "laion.parquet"
     pq.write_table(table, path)
     part = {
+        "kind": "urls",
         "part": 0,
         "file": str(path),
         "protocol": "file",
@@ -40,7 +41,7 @@ def laion_batch(tmp_path) -> dict:
         "url_column": "URL",
         "caption_column": "TEXT",
     }
-    return read_urls(part, {})
+    return read_urls(url_partition(part), {})
 
 
 def test_laion_columns_from_a_parquet_source(tmp_path):

@@ -9,7 +9,7 @@ from mmcurate.core.tario import iter_tar_samples, safe_key
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig, SourceConfig
 from mmcurate.pipeline.sources.images import plan_images
-from mmcurate.pipeline.sources.partitions import plan_videos
+from mmcurate.pipeline.sources.partitions import plan_source
 from mmcurate.pipeline.video_data import encode_video
 
 NAMES = {  # file -> frames at 24 fps
@@ -33,7 +33,7 @@ def planned_keys(path: str, files_per_task: int) -> dict[str, str]:
     cfg = SourceConfig.model_validate(
         {"kind": "videos", "path": path, "files_per_task": files_per_task}
     )
-    return {e["rel"]: e["key"] for part in plan_videos(cfg, {}) for e in part["entries"]}
+    return {e.rel: e.key for part in plan_source(cfg, {}) for e in part.entries}
 
 
 def test_a_key_clip_split_could_make_is_replaced_by_its_whole_path_key(tmp_path):
@@ -55,7 +55,7 @@ def test_images_named_like_clips_keep_their_keys(tmp_path):
     for name in ("a.jpg", "a_0001.jpg"):
         (tmp_path / "in" / name).write_bytes(b"not decoded when planning")
     cfg = SourceConfig.model_validate({"kind": "images", "path": str(tmp_path / "in")})
-    keys = [e["key"] for part in plan_images(cfg, {}) for e in part["entries"]]
+    keys = [e.key for part in plan_images(cfg, {}) for e in part.entries]
     assert keys == ["a", "a_0001"]
 
 
