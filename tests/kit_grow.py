@@ -100,3 +100,17 @@ def kept_urls(out: Path) -> dict[str, str]:
     """Key -> url of every kept row in the published signatures."""
     rows = pq.read_table(out / "signatures").to_pylist()
     return {r["key"]: r["url"] for r in rows if r["drop_reason"] is None}
+
+
+def assert_manifest_matches(out: Path) -> None:
+    """Every shard the manifest lists is there with its size and sha256, and no other."""
+    import hashlib
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    names = {e["name"] for e in manifest["shards"]}
+    assert names == {p.name for p in out.glob("shard-*.tar")}
+    for entry in manifest["shards"]:
+        data = (out / entry["name"]).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["bytes"], entry["sha256"])
+    assert manifest["samples"] == sum(e["samples"] for e in manifest["shards"])
+    assert all((out / name).exists() for name in manifest["files"])

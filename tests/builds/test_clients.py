@@ -28,7 +28,7 @@ from mmcurate.trainer.data.manifest import read_manifest
 from mmcurate.trainer.models import build_model
 from wids.wids_decode import default_decoder
 
-from tests.core.test_keys import jpeg, make_awkward_folder, raw_headers, write_input_tar
+from tests.kit_keys import jpeg, make_awkward_folder, raw_headers, write_input_tar
 
 TAR_KEYS = [
     "dir.x/k",

@@ -24,8 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tests.project.test_config import REPO
-
+REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 CHILD = str(REPO / "tests" / "driver_memory_child.py")
 

@@ -17,7 +17,7 @@ from mmcurate.core.storage import files_in
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 
-from tests.builds.test_output_safety import config
+from tests.kit_builds import config
 
 
 def build_config(out: str, source: str = "/tmp/in") -> dict:

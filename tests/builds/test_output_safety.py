@@ -20,20 +20,10 @@ from mmcurate.pipeline.demo_data import write_tar_shards
 from mmcurate.pipeline.output.claim import claim_output
 from mmcurate.pipeline.output.names import manifest_files, safe_recorded
 
+from tests.kit_builds import config
+
 REPO = Path(__file__).resolve().parents[2]
 FOREIGN = "no mmcurate build wrote"
-STAGES = [{"name": "decode_image", "resize": {"size": 32}}, {"name": "exact_dedupe"}]
-
-
-def config(source, out, kind="images", storage_options=None, **output) -> BuildConfig:
-    return BuildConfig.model_validate(
-        {
-            "source": {"kind": kind, "path": str(source), "files_per_task": 4},
-            "stages": STAGES,
-            "output": {"path": str(out), **output},
-            "storage_options": storage_options or {},
-        }
-    )
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -6,13 +6,14 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.report.charts import bar_chart, histogram
 from PIL import Image
 
-from tests.project.test_config import REPO
+REPO = Path(__file__).resolve().parents[2]
 
 SECTIONS = (
     "Summary",

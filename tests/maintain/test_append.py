@@ -20,8 +20,16 @@ from mmcurate.pipeline.cli import main as cli_main
 from mmcurate.pipeline.maintain.append import append
 
 from tests.host_server import Route, Site
-from tests.kit_grow import build, kept, kept_urls, photo, shard_bytes, url_list
-from tests.maintain.test_retry import assert_manifest_matches, wait_for
+from tests.kit_builds import wait_for
+from tests.kit_grow import (
+    assert_manifest_matches,
+    build,
+    kept,
+    kept_urls,
+    photo,
+    shard_bytes,
+    url_list,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,17 @@ from mmcurate.pipeline.cli import main as cli_main
 from mmcurate.pipeline.maintain.retry import retry
 
 from tests.host_server import Route
-from tests.kit_grow import FlakySite, build, kept, kept_urls, photo, shard_bytes, url_list
+from tests.kit_builds import wait_for
+from tests.kit_grow import (
+    FlakySite,
+    assert_manifest_matches,
+    build,
+    kept,
+    kept_urls,
+    photo,
+    shard_bytes,
+    url_list,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FAILING = (3, 7, 12, 18, 25, 28)  # 503 while the site is broken
@@ -190,26 +200,3 @@ def signature_rows(out: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
     return pq.read_table(out / "signatures").to_pylist()
-
-
-def assert_manifest_matches(out: Path) -> None:
-    """Every shard the manifest lists is there with its size and sha256, and no other."""
-    import hashlib
-
-    manifest = json.loads((out / "manifest.json").read_text())
-    names = {e["name"] for e in manifest["shards"]}
-    assert names == {p.name for p in out.glob("shard-*.tar")}
-    for entry in manifest["shards"]:
-        data = (out / entry["name"]).read_bytes()
-        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["bytes"], entry["sha256"])
-    assert manifest["samples"] == sum(e["samples"] for e in manifest["shards"])
-    assert all((out / name).exists() for name in manifest["files"])
-
-
-def wait_for(condition, timeout_s: float = 120) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)

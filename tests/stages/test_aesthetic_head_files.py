@@ -15,7 +15,7 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.stages.registry import build_stage
 from safetensors.torch import save_file
 
-from tests.stages.test_aesthetic import TINY, random_head
+from tests.kit_aesthetic import TINY, random_head
 
 SPEC = {"name": "aesthetic_score", **TINY}
 

@@ -15,7 +15,7 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from tests.stages.test_stages import batch_of
+from tests.kit_stages import batch_of
 
 # The SDXL paper, appendix (multi-aspect training), as printed: height, width, aspect ratio.
 SDXL_TABLE = """

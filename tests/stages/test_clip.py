@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -19,17 +20,11 @@ from mmcurate.stages.registry import build_stage
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.train import train
 
-from tests.project.test_config import REPO
+from tests.kit_clip import TINY, roc_auc
+from tests.kit_stages import batch_of
 from tests.shapes import make_shapes, write_folder, write_shards
-from tests.stages.test_stages import batch_of
 
-TINY = {"name": "clip_score", "model": "mmcurate-tiny", "pretrained": None, "num_gpus": 0}
-
-
-def roc_auc(positive: list[float], negative: list[float]) -> float:
-    """Probability that a random positive outscores a random negative (ties count half)."""
-    pos, neg = np.asarray(positive)[:, None], np.asarray(negative)[None, :]
-    return float(((pos > neg).sum() + 0.5 * (pos == neg).sum()) / (pos.size * neg.size))
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ from mmcurate.stages.lib.text_prompts import concept_probability
 from mmcurate.stages.registry import build_stage
 from PIL import Image
 
+from tests.kit_clip import TINY, roc_auc
+from tests.kit_stages import batch_of
 from tests.shapes import SHAPES, draw
-from tests.stages.test_clip import TINY, roc_auc
-from tests.stages.test_stages import batch_of
 
 
 def shapes(n: int, seed: int) -> list[tuple[str, bytes]]:

@@ -12,7 +12,7 @@ from mmcurate.stages.base import DROP
 from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from tests.stages.test_stages import batch_of
+from tests.kit_stages import batch_of
 
 
 def encoded(image: Image.Image, fmt: str) -> bytes:

@@ -15,7 +15,7 @@ from mmcurate.stages.registry import build_stage
 from mmcurate.trainer.data.transform import check_image_header
 from PIL import Image
 
-from tests.stages.test_stages import batch_of, jpeg
+from tests.kit_stages import batch_of, jpeg
 
 PIL_DEFAULT_LIMIT = 1024 * 1024 * 1024 // 4 // 3  # Image.MAX_IMAGE_PIXELS as PIL ships it
 
@@ -131,7 +131,7 @@ def test_every_decoding_stage_drops_a_huge_image_as_decode_image_does(tmp_path, 
 PEAK_SCRIPT = """
 import resource, sys
 from mmcurate.stages.registry import build_stage
-from tests.stages.test_stages import batch_of, jpeg
+from tests.kit_stages import batch_of, jpeg
 stage = build_stage({"name": "aesthetic_score", "weights": sys.argv[1], "model": "mmcurate-tiny",
                      "pretrained": None, "num_gpus": 0})
 stage.setup()

@@ -21,7 +21,7 @@ from mmcurate.stages.near_dedupe import close_pairs
 from mmcurate.stages.registry import build_stage
 from PIL import Image, ImageEnhance
 
-from tests.stages.test_stages import batch_of
+from tests.kit_stages import batch_of
 
 
 def planted_hashes(n: int, radius: int, seed: int) -> np.ndarray:

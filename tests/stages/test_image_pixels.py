@@ -19,7 +19,7 @@ from mmcurate.stages.lib.image_hash import image_hash
 from mmcurate.stages.registry import build_stage
 from PIL import Image
 
-from tests.stages.test_stages import batch_of, decoded
+from tests.kit_stages import batch_of, decoded
 
 
 def jpeg_with_exif(orientation: int, odd_tag: bool) -> bytes:

@@ -14,17 +14,7 @@ from mmcurate.pipeline.config import BuildConfig
 from mmcurate.stages.lib.text_language import LID176_CODES, model_path, shared_detector
 from mmcurate.stages.registry import build_stage
 
-DATA = Path(__file__).parents[1] / "data" / "captions_multilingual.tsv"
-
-
-def labelled() -> list[tuple[str, str]]:
-    """(language, caption) rows of the labelled set."""
-    rows = []
-    for line in DATA.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#"):
-            _, language, caption = line.split("\t")
-            rows.append((language, caption))
-    return rows
+from tests.kit_stages import labelled
 
 
 def run(options: dict, captions: list, metas: list | None = None) -> dict:

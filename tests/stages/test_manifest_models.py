@@ -11,7 +11,7 @@ from mmcurate.pipeline.config import BuildConfig
 from mmcurate.stages.lib.faces import DETECTOR_NAME
 from mmcurate.stages.registry import build_stages
 
-from tests.stages.test_aesthetic import random_head, save_head
+from tests.kit_aesthetic import random_head, save_head
 
 TINY = {"model": "mmcurate-tiny", "pretrained": None, "num_gpus": 0}
 

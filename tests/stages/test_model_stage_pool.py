@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.kit_aesthetic import random_head, save_head
 from tests.shapes import make_shapes, write_folder
-from tests.stages.test_aesthetic import random_head, save_head
 from tests.tiny_blip2 import save_tiny_blip2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_every_model_stage_finishes_on_the_default_local_runtime(tmp_path):
 POOL_CHILD = """
 import os, sys, torch
 from mmcurate.pipeline.runtime.localpool import LocalPool
-from tests.stages.test_model_stage_pool import matmul_threads
+from tests.kit_pool import matmul_threads
 pool = LocalPool(2, start=1)  # the zygote forks now, before torch has run
 torch.set_num_threads(2)
 matmul_threads(0)  # the driver's OpenMP pool starts (a model check does this)
@@ -103,15 +103,6 @@ print(pool.run([5, 6, 7], matmul_threads), sorted(w.method for w in pool.workers
 pool.close()
 print(pids)
 """
-
-
-def matmul_threads(seed: int) -> int:
-    """A parallel region on two threads: it deadlocked in a child forked after the parent's."""
-    import torch
-
-    torch.set_num_threads(2)
-    torch.manual_seed(seed)
-    return int(torch.rand(300, 300).matmul(torch.rand(300, 300)).sum().item() > 0)
 
 
 def test_workers_started_after_the_driver_ran_openmp_do_not_deadlock():
@@ -210,21 +201,10 @@ def test_a_build_from_a_process_that_used_torch_and_opencv_threads_finishes(tmp_
     assert done.stdout.strip().splitlines()[-2:] == ["8", "True"]
 
 
-def start_a_child(_: int) -> tuple[str, bool, int]:
-    """A task that starts a process of its own (a stage may): refused in a daemonic one."""
-    import multiprocessing
-
-    child = multiprocessing.get_context("fork").Process(target=int)
-    child.start()
-    child.join()
-    me = multiprocessing.current_process()
-    return me.name, me.daemon, child.exitcode
-
-
 def test_a_task_may_start_processes_of_its_own():
     code = (
         "from mmcurate.pipeline.runtime.localpool import LocalPool\n"
-        "from tests.stages.test_model_stage_pool import start_a_child\n"
+        "from tests.kit_pool import start_a_child\n"
         "if __name__ == '__main__':\n"
         "    pool = LocalPool(1, start=1)\n"
         "    print(pool.run([0], start_a_child), pool.workers[0].method)\n"

@@ -20,9 +20,8 @@ from mmcurate.trainer.train import train
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
+from tests.kit_stages import batch_of, labelled
 from tests.shapes import make_shapes, write_shards
-from tests.stages.test_language import labelled
-from tests.stages.test_stages import batch_of
 
 
 def tiny_tokenizer(folder: Path) -> PreTrainedTokenizerFast:

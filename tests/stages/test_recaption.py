@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +15,17 @@ import yaml
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 from mmcurate.pipeline.demo_data import make_demo_images
-from mmcurate.stages.base import DROP, DROP_STAGE
-from mmcurate.stages.registry import build_stages, stage_order
+from mmcurate.stages.base import DROP
 
+from tests.kit_recaption import (
+    CLIP,
+    photo_batch,
+    recaption_build,
+    run_cli,
+    run_stages,
+    score,
+)
 from tests.tiny_blip2 import save_tiny_blip2
-
-REPO = Path(__file__).resolve().parents[2]
-CLIP = {"name": "clip_score", "model": "mmcurate-tiny", "pretrained": None}
 
 
 @pytest.fixture(scope="module")
@@ -36,25 +38,6 @@ def photos(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("photos")
     make_demo_images(folder, n=10, exact_copies=0, broken=0, seed=3)
     return folder
-
-
-def photo_batch(folder: Path) -> dict:
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".jpg", ".png"))
-    n = len(files)
-    return {
-        "__key__": [f.stem for f in files],
-        "jpg": [f.read_bytes() for f in files],
-        "txt": [f.with_suffix(".txt").read_text() for f in files],
-        "json": [None] * n,
-        DROP: [None] * n,
-        DROP_STAGE: [None] * n,
-    }
-
-
-def run_stages(specs: list[dict], batch: dict) -> dict:
-    for stage in stage_order(build_stages(specs)):
-        batch = stage(batch)
-    return batch
 
 
 def plain_loop(folder: Path, batch: dict, size: int, tokens: int, prompt: str | None) -> list:
@@ -124,20 +107,6 @@ def test_sampling_is_seeded_per_key_not_per_batch(one_torch_thread, blip2, photo
     assert captions != [json.loads(m)["captions"] for m in other["json"]]
     assert all(len(set(c)) > 1 for c in captions if len(c) == 3)  # draws differ within a sample
     assert first["txt"] == photo_batch(photos)["txt"]  # original: stored only
-
-
-def clip_text(captions: list[str]) -> np.ndarray:
-    """The tiny CLIP's float16 text embeddings, computed here (open_clip, seeded weights)."""
-    from mmcurate.stages.lib.clip_model import ClipModel
-
-    model = ClipModel("mmcurate-tiny", None, "cpu")
-    _, text = model.encode(np.zeros((0, 1, 1, 3), np.uint8), captions)
-    return text.astype(np.float16)
-
-
-def score(image: np.ndarray, texts: list[str]) -> list[float]:
-    embeddings = clip_text(texts).astype(np.float32)
-    return [round(float(np.dot(image.astype(np.float32), t)), 6) for t in embeddings]
 
 
 def expected_choice(mode: str, meta: dict, original_score: float, key: str, t: float) -> str:
@@ -223,29 +192,11 @@ def test_failed_generation_keeps_the_original(one_torch_thread, blip2, photos):
     assert json.loads(out["json"][0])["recaption_fallback"] == "decode_error"
 
 
-def recaption_build(photos: Path, blip2: Path, out: Path) -> dict:
-    return {
-        "source": {"kind": "images", "path": str(photos), "files_per_task": 2},
-        "stages": [
-            {"name": "decode_image", "resize": {"size": 48}},
-            {
-                "name": "recaption",
-                "model": str(blip2),
-                "choose": "synthetic",
-                "max_new_tokens": 5,
-                "sample": True,
-                "batch_size": 2,
-            },
-        ],
-        "output": {"path": str(out), "shard_max_samples": 4},
-    }
-
-
 @pytest.mark.slow
 def test_killed_build_resumes_to_the_same_manifest(ray_session, blip2, photos, tmp_path, caplog):
     clean = run_build(BuildConfig.model_validate(recaption_build(photos, blip2, tmp_path / "a")))
     out = tmp_path / "b"
-    from tests.builds.test_faults import kill_build_after
+    from tests.kit_builds import kill_build_after
 
     finished = kill_build_after(recaption_build(photos, blip2, out), out, partitions=1)
     assert 1 <= finished < 5
@@ -274,16 +225,6 @@ def test_recaption_build_writes_captions_into_shards(blip2, photos, tmp_path):
         assert meta["caption_original"] == (photos / f"{key}.txt").read_text()
         want = meta["captions"][0] if meta["caption_source"] == "synthetic" else None
         assert texts[key] == (want or meta["caption_original"])
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mmcurate", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def damaged(blip2: Path, tmp_path: Path, damage: str) -> Path:

@@ -18,7 +18,7 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.stages.base import DROP, DROP_STAGE
 from mmcurate.stages.registry import build_stage
 
-from tests.stages.test_recaption import (
+from tests.kit_recaption import (
     CLIP,
     photo_batch,
     recaption_build,

@@ -20,8 +20,8 @@ from mmcurate.stages.lib.decisions import top_count
 from mmcurate.stages.lib.top_fraction import top_fraction_decisions
 from mmcurate.stages.registry import build_stages, stage_order, validate_stage_list
 
+from tests.kit_clip import TINY
 from tests.shapes import make_shapes, write_folder
-from tests.stages.test_clip import TINY
 
 WATERMARK = {**TINY, "concepts": {"watermark": {}}}
 

@@ -11,34 +11,12 @@ from mmcurate.core.tar_writer import sample_members, write_tar
 from mmcurate.core.tario import iter_tar_samples, split_member_name
 from mmcurate.pipeline.output.layout import ShardPlanner
 from mmcurate.pipeline.output.shards import TAR_END_BYTES
-from mmcurate.pipeline.sources.samples import empty_batch, sanitize_key
+from mmcurate.pipeline.sources.samples import sanitize_key
 from mmcurate.stages.base import DROP, DROP_STAGE
 from mmcurate.stages.registry import build_stage, build_stages
 from PIL import Image
 
-
-def jpeg(size=(300, 200), color=(200, 30, 30), mode="RGB", fmt="JPEG", **save) -> bytes:
-    out = io.BytesIO()
-    Image.new(mode, size, color).save(out, fmt, **save)
-    return out.getvalue()
-
-
-def batch_of(images: list[bytes | None], captions: list[str | None] | None = None) -> dict:
-    batch = empty_batch()
-    for i, data in enumerate(images):
-        batch["__key__"].append(f"k{i:03d}")
-        for col in batch:
-            if col != "__key__":
-                batch[col].append(None)
-        batch["jpg"][-1] = data
-        batch["txt"][-1] = captions[i] if captions else "a caption here"
-    return batch
-
-
-def decoded(data: bytes) -> Image.Image:
-    image = Image.open(io.BytesIO(data))
-    image.load()
-    return image
+from tests.kit_stages import batch_of, decoded, jpeg
 
 
 @pytest.mark.parametrize(

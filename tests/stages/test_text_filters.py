@@ -6,7 +6,7 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.stages.lib.text_count import word_count
 from mmcurate.stages.registry import build_stage
 
-from tests.stages.test_language import labelled
+from tests.kit_stages import labelled
 
 
 def reasons(options: dict, captions: list) -> list:

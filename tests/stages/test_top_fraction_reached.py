@@ -14,8 +14,8 @@ from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 from PIL import Image
 
+from tests.kit_aesthetic import TINY, random_head, save_head
 from tests.shapes import make_shapes, write_folder
-from tests.stages.test_aesthetic import TINY, random_head, save_head
 
 SAMPLES, SMALL = 21, {1, 4, 7, 10, 13, 16, 19}  # the small ones: aspect_buckets drops them
 

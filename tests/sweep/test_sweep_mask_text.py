@@ -14,7 +14,7 @@ from mmcurate.stages.lib.picture_batches import box_pixels, mask_boxes
 from mmcurate.stages.registry import build_stage
 from PIL import Image, ImageDraw, ImageFont
 
-from tests.stages.test_stages import batch_of
+from tests.kit_stages import batch_of
 
 TINY = {"name": "clip_score", "model": "mmcurate-tiny", "pretrained": None, "num_gpus": 0}
 CAPTION = "a red sign that says open"

@@ -14,7 +14,7 @@ import yaml
 from mmcurate.pipeline.sweep.config import load_sweep_config
 from mmcurate.pipeline.sweep.run import sweep
 
-from tests.builds.test_faults import wait_for
+from tests.kit_builds import wait_for
 from tests.kit_sweep import make_sweep_data, sweep_tree
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from mmcurate.core.tario import iter_tar_samples
 from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 
-from tests.video.test_clip_split_transnet import edited_video, encode
+from tests.kit_transnet import edited_video, encode
 
 
 def clips_of(cfg: dict) -> dict[str, tuple[float, float]]:

@@ -13,8 +13,8 @@ from mmcurate.pipeline.config import BuildConfig
 from PIL import Image
 from skimage import data
 
+from tests.kit_text_area import jpeg, with_text
 from tests.shapes import write_folder
-from tests.video.test_text_area import jpeg, with_text
 
 
 def fields_of(cfg: dict) -> dict[str, tuple]:

@@ -15,7 +15,7 @@ from mmcurate.stages.lib import transnet
 from mmcurate.stages.lib.shot_candidates import ChangeSignal
 from skimage import data
 
-from tests.video.test_clip_split_transnet import FPS, blend, encode, flash_video, pan
+from tests.kit_transnet import FPS, blend, encode, flash_video, pan
 
 
 def options(**extra: object) -> dict:

@@ -7,7 +7,7 @@ from mmcurate.stages.clip_split import ClipSplitOptions
 from mmcurate.stages.lib import transnet
 from mmcurate.stages.lib.transnet_net import WINDOW
 
-from tests.video.test_clip_split_transnet import encode, pan, photos
+from tests.kit_transnet import encode, pan, photos
 
 
 def test_frames_held_do_not_grow_with_the_video() -> None:

@@ -13,9 +13,9 @@ from mmcurate.pipeline.build import run_build
 from mmcurate.pipeline.config import BuildConfig
 from PIL import Image
 
-from tests.builds.test_faults import kill_build_after
-from tests.video.test_motion_score import encode, path_frames
-from tests.video.test_text_area import with_text
+from tests.kit_builds import kill_build_after
+from tests.kit_motion import encode, path_frames
+from tests.kit_text_area import with_text
 
 SHOTS = [
     ("pan_right", 2, "astronaut"),
