@@ -87,7 +87,7 @@ def build_claimed(run: BuildRun, parts: list[Partition]) -> dict[str, Any]:
         raise
 
 
-def build_phases(run: BuildRun, parts: list[dict]) -> dict[str, Any]:
+def build_phases(run: BuildRun, parts: list[Partition]) -> dict[str, Any]:
     cfg, runtime = run.cfg, run.runtime
     timer = PhaseTimer()
     work_url = run.claim.work_url
