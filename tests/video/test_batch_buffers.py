@@ -7,10 +7,10 @@ from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
-from mmcurate.pipeline.video_data import encode_video
 from mmcurate.trainer.data.batch_buffers import SENT_KEY, BatchBuffers, Sent, holders
 
 import mmcurate
+from tests.kit_video import clip_build
 
 
 @pytest.fixture(scope="module")
@@ -18,17 +18,7 @@ def manifest(tmp_path_factory):
     """10 clips of 12-21 numbered frames (every window differs), one frame size: every batch
     can take any free buffer."""
     root = tmp_path_factory.mktemp("batch_buffers")
-    source = root / "in"
-    source.mkdir()
-    for i in range(10):
-        (source / f"clip{i}.mp4").write_bytes(encode_video(12 + i, 24, size=(64, 48)))
-        (source / f"clip{i}.txt").write_text(f"caption {i}")
-    config = {
-        "source": {"kind": "videos", "path": str(source), "files_per_task": 4},
-        "stages": [],
-        "output": {"path": str(root / "out"), "shard_max_samples": 4},
-    }
-    return mmcurate.build(config)["manifest"]
+    return clip_build(root, [(12 + i, (64, 48)) for i in range(10)])
 
 
 def segment(batch) -> str:

@@ -6,10 +6,10 @@ import threading
 from multiprocessing import active_children
 
 import pytest
-from mmcurate.pipeline.video_data import encode_video
 from mmcurate.trainer.data.receiver import Receiver
 
 import mmcurate
+from tests.kit_video import clip_build
 
 
 def counting(n, closed):
@@ -70,17 +70,7 @@ def test_old_items_are_let_go_by_the_thread_and_the_last_ones_kept():
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
     root = tmp_path_factory.mktemp("receiver")
-    source = root / "in"
-    source.mkdir()
-    for i in range(6):
-        (source / f"clip{i}.mp4").write_bytes(encode_video(10 + i, 24, size=(48, 32)))
-        (source / f"clip{i}.txt").write_text(f"caption {i}")
-    config = {
-        "source": {"kind": "videos", "path": str(source)},
-        "stages": [],
-        "output": {"path": str(root / "out"), "shard_max_samples": 2},
-    }
-    return mmcurate.build(config)["manifest"]
+    return clip_build(root, [(10 + i, (48, 32)) for i in range(6)])
 
 
 def receivers():
