@@ -20,7 +20,7 @@ from mmcurate.core.storage import (
 from mmcurate.core.tario import EXT_ALIASES, safe_key, text_name
 from mmcurate.pipeline.config import SourceConfig
 from mmcurate.pipeline.sources.files import fetch_files, file_groups, file_sizes
-from mmcurate.pipeline.sources.records import FileEntry, FolderPartition
+from mmcurate.pipeline.sources.records import FileEntry, FolderPartition, folder_partitions
 from mmcurate.pipeline.sources.samples import (
     SOURCE,
     WHOLE,
@@ -63,19 +63,9 @@ def plan_images(
         sidecars = [listing.get(f"{root}/{stem}.{ext}", "") for ext in SIDECARS]
         versions.append([rel, listing[path], *sidecars])
     disambiguate_keys(entries)
-    size = cfg.files_per_task
     files = [FileEntry(**entry) for entry in entries]
-    return [
-        FolderPartition(
-            kind=cfg.kind,
-            number=i,
-            root=root,
-            protocol=protocol_of(cfg.path),
-            entries=tuple(files[start : start + size]),
-            inputs=digest(versions[start : start + size]),
-        )
-        for i, start in enumerate(range(0, len(entries), size))
-    ]
+    where = (root, protocol_of(cfg.path))
+    return folder_partitions(cfg.kind, where, files, versions, cfg.files_per_task, digest)
 
 
 def listed_size(version: str) -> int | None:

@@ -12,6 +12,7 @@ build identity hashes it, so a resumed build plans again and finds the same iden
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -124,6 +125,31 @@ class FolderPartition(Partition):
     def build(cls, values: dict[str, Any]) -> Partition:
         entries = tuple(FileEntry.from_dict(e) for e in values.pop("entries"))
         return cls(entries=entries, **values)
+
+
+def folder_partitions(
+    kind: str,
+    where: tuple[str, str],
+    files: list[FileEntry],
+    versions: list[Any],
+    size: int,
+    inputs_of: Callable[[list[Any]], str | tuple[str, ...]],
+) -> list[FolderPartition]:
+    """`files` (sorted) in partitions of `size`; `where` is (root, protocol); each
+    partition's `inputs` is `inputs_of` its files' `versions` (a folder hashes them, a glob
+    keeps each: the forms earlier plans had, so identities stay)."""
+    root, protocol = where
+    return [
+        FolderPartition(
+            kind=kind,
+            number=i,
+            root=root,
+            protocol=protocol,
+            entries=tuple(files[start : start + size]),
+            inputs=inputs_of(versions[start : start + size]),
+        )
+        for i, start in enumerate(range(0, len(files), size))
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)

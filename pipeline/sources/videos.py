@@ -30,6 +30,7 @@ from mmcurate.pipeline.sources.records import (
     FolderPartition,
     VideoListPartition,
     VideoRow,
+    folder_partitions,
 )
 from mmcurate.pipeline.sources.samples import (
     SOURCE,
@@ -67,20 +68,9 @@ def plan_video_glob(cfg: SourceConfig, storage_options: dict[str, Any]) -> list[
         entries.append({"rel": rel, "key": safe_key(rel.rpartition(".")[0]), "txt": True})
     versions = [f"{found[p].get('size')}:{store_version(found[p])}" for p in files]
     disambiguate_keys(entries)
-    size = cfg.files_per_task
     files = [FileEntry(e["rel"], e["key"], e["txt"], listed=False) for e in entries]
-    return [
-        FolderPartition(
-            kind="videos",
-            number=i,
-            root=root,
-            protocol=protocol_of(cfg.path),
-            entries=tuple(files[start : start + size]),
-            # a video changed in place: another build
-            inputs=tuple(versions[start : start + size]),
-        )
-        for i, start in enumerate(range(0, len(entries), size))
-    ]
+    where = (root, protocol_of(cfg.path))  # a video changed in place: another build
+    return folder_partitions("videos", where, files, versions, cfg.files_per_task, tuple)
 
 
 def disambiguate_keys(entries: list[dict[str, Any]]) -> None:
