@@ -119,22 +119,6 @@ TEST_MODULE_IMPORT = re.compile(
     r"(?<![`\w.])(?:(?:from|import) tests\.(?:\w+\.)*test_\w*"
     r"|from tests(?:\.\w+)* import \(?\s*test_)"
 )
-# Files whose helpers are still being moved to the kit (issue 51); empty this once they are.
-NOT_YET_MOVED = {
-    # REPO, logged_steps, printed_summaries, run_torchrun, write_uneven_shards of test_loader,
-    # FIELDS, Webhook of test_alerts, torchrun of test_fsdp, tree, write_shards of test_trainer
-    "tests/trainer/test_bad_shards.py",
-    "tests/trainer/test_fsdp.py",
-    "tests/trainer/test_health.py",
-    "tests/trainer/test_loader.py",
-    "tests/trainer/test_loader_memory.py",
-    "tests/trainer/test_ray_restart.py",
-    "tests/trainer/test_sharded_resume.py",
-    "tests/trainer/test_telemetry.py",
-    "tests/trainer/test_train_overwrite.py",
-    "tests/trainer/test_trainer_hostile.py",
-    "tests/trainer/test_trainer_resume_matrix.py",
-}
 
 
 def test_no_file_imports_a_test_module():
@@ -147,4 +131,4 @@ def test_no_file_imports_a_test_module():
         for path in python_files(folder)
         for match in TEST_MODULE_IMPORT.finditer(path.read_text())
     ]
-    assert [f for f in found if f.split(":")[0] not in NOT_YET_MOVED] == []
+    assert found == []

@@ -28,7 +28,9 @@ from mmcurate.trainer.models import build_model
 from mmcurate.trainer.train import train
 
 from tests.kit_shards import write_uneven_shards
-from tests.trainer.test_loader import REPO, printed_summaries, run_torchrun
+from tests.kit_trainer import printed_summaries, run_torchrun
+
+REPO = Path(__file__).resolve().parents[2]
 
 SIZES = (40, 24, 56)  # 120 samples: 7 batches of 16 (8 left over)
 SEED = 4

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from mmcurate.trainer.health.checks import FAULTS_ENV
 
+from tests.kit_alerts import Webhook
 from tests.kit_shards import write_uneven_shards
-from tests.trainer.test_alerts import Webhook
-from tests.trainer.test_loader import REPO, logged_steps
+from tests.kit_trainer import logged_steps, torchrun
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -34,22 +35,6 @@ def tree(manifest: Path, output: Path, strategy: str, **run) -> dict:
         "strategy": strategy,
         "run": {"output": str(output), "log_every": 1, "sample_log": True, **run},
     }
-
-
-def torchrun(config: Path, ranks: int = 2, restarts: int = 0, faults: dict | None = None):
-    env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    env |= {FAULTS_ENV: json.dumps(faults)} if faults else {}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={ranks}",
-    ]
-    cmd += [f"--max-restarts={restarts}", "-m", "mmcurate.trainer", str(config)]
-    # The timeout only guards against a hang: on a loaded 2-core machine one try of the
-    # restart test (two attempts of torchrun) took over 300 s.
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200, cwd=REPO)
 
 
 def run(tmp_path: Path, name: str, body: dict, ranks: int = 2) -> Path:

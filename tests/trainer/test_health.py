@@ -22,9 +22,11 @@ from mmcurate.trainer.config import HealthConfig, TrainConfig
 from mmcurate.trainer.health.checks import FAULTS_ENV, LossWatch
 from mmcurate.trainer.train import train
 
+from tests.kit_alerts import FIELDS, Webhook
 from tests.kit_shards import write_uneven_shards
-from tests.trainer.test_alerts import FIELDS, Webhook
-from tests.trainer.test_loader import REPO, logged_steps, printed_summaries
+from tests.kit_trainer import logged_steps, printed_summaries
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

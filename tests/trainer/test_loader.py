@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,8 +29,7 @@ from mmcurate.trainer.models import build_model
 from PIL import Image
 
 from tests.kit_shards import UNEVEN, write_uneven_shards
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.kit_trainer import logged_steps, printed_summaries, run_torchrun
 
 
 @pytest.fixture(scope="module")
@@ -274,32 +272,6 @@ def test_images_written_into_their_rows_equal_the_stacked_batch(tiny_transform):
     assert transform.place(small, torch.empty((3, 64, 64)), True) is small
 
 
-def run_torchrun(config: Path, world: int, *overrides: str) -> subprocess.CompletedProcess:
-    env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={world}", "-m", "mmcurate.trainer", str(config)]
-    for override in overrides:
-        cmd += ["--set", override]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
-
-
-def printed_summaries(stdout: str) -> list[dict]:
-    """Every rank prints its JSON summary; two ranks' lines may end up on one line."""
-    decoder, found, at = json.JSONDecoder(), [], stdout.find("{")
-    while at != -1:
-        summary, end = decoder.raw_decode(stdout, at)
-        found.append(summary)
-        at = stdout.find("{", end)
-    return found
-
-
-def logged_steps(output: Path) -> dict[int, list[dict]]:
-    return {
-        int(path.stem.split("-")[1]): [json.loads(line) for line in path.read_text().splitlines()]
-        for path in (output / "samples").glob("rank-*.jsonl")
-    }
-
-
 @pytest.mark.parametrize("world", [1, 2])
 def test_torchrun_stop_and_resume_sees_one_epoch_exactly(uneven_manifest, tmp_path, world):
     output = tmp_path / "run"
@@ -535,7 +507,7 @@ ORPHANING_TRAINER = """
 import os, sys
 import multiprocessing
 from pathlib import Path
-from tests.trainer.test_loader import write_uneven_shards
+from tests.kit_shards import write_uneven_shards
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset, make_loader
 from mmcurate.trainer.data.manifest import read_manifest

@@ -29,7 +29,8 @@ from mmcurate.trainer.models import build_model
 from PIL import Image
 
 from tests.kit_shards import write_uneven_shards
-from tests.trainer.test_loader import REPO
+
+REPO = Path(__file__).resolve().parents[2]
 
 MiB = 1 << 20
 

@@ -11,9 +11,9 @@ import pytest
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.health.checks import FAULTS_ENV
 
+from tests.kit_alerts import Webhook
 from tests.kit_shards import write_uneven_shards
-from tests.trainer.test_alerts import Webhook
-from tests.trainer.test_loader import logged_steps
+from tests.kit_trainer import logged_steps
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from tests.kit_shards import write_uneven_shards
-from tests.trainer.test_fsdp import torchrun
-from tests.trainer.test_loader import logged_steps
+from tests.kit_trainer import logged_steps, torchrun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -15,9 +15,9 @@ from mmcurate.trainer.config import TelemetryConfig, TrainConfig
 from mmcurate.trainer.health.alerts import Alerts
 from mmcurate.trainer.health.telemetry import GpuReading, GpuRules, Telemetry, open_telemetry
 
+from tests.kit_alerts import FIELDS, Webhook
 from tests.kit_shards import write_uneven_shards
 from tests.telemetry_samplers import READINGS_ENV, ScriptedSampler
-from tests.trainer.test_alerts import FIELDS, Webhook
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -9,7 +9,7 @@ from mmcurate.core.config_io import ConfigError
 from mmcurate.trainer.config import TrainConfig
 from mmcurate.trainer.train import train
 
-from tests.trainer.test_trainer import tree, write_shards
+from tests.kit_trainer import tree, write_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
 

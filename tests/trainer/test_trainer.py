@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import random
 import subprocess
 import sys
 import tarfile
@@ -26,100 +24,16 @@ from mmcurate.trainer.data.dataset import ImageTransform, ShardDataset
 from mmcurate.trainer.data.manifest import read_manifest
 from mmcurate.trainer.step import lr_factor
 from mmcurate.trainer.train import train
-from PIL import Image, ImageEnhance
-from skimage import data as skdata
+
+from tests.kit_trainer import SHARDS, add_member, tree, write_shards
 
 REPO = Path(__file__).resolve().parents[2]
-PHOTOS = {
-    "astronaut": "an astronaut in a white space suit in front of an american flag",
-    "chelsea": "a ginger tabby cat looking to the side",
-    "coffee": "a cup of coffee on a saucer seen from above",
-    "rocket": "a rocket standing on the launch pad under a blue sky",
-    "hubble_deep_field": "thousands of distant galaxies in the black night sky",
-    "retina": "a photograph of the back of a human eye with red blood vessels",
-    "coins": "old silver coins laid out in rows on a table",
-    "camera": "a black and white photo of a man with a camera on a tripod",
-}
-SAMPLES_PER_PHOTO = 24
-SHARDS = 4
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: torch on one thread
-
-
-def photo(name: str) -> Image.Image:
-    arr = getattr(skdata, name)()
-    img = Image.fromarray(arr)
-    return img.convert("RGB")
-
-
-def variant(img: Image.Image, rng: random.Random) -> bytes:
-    """A random crop with colour jitter, as a small JPEG."""
-    w, h = img.size
-    side = int(min(w, h) * rng.uniform(0.6, 1.0))
-    x, y = rng.randint(0, w - side), rng.randint(0, h - side)
-    out = img.crop((x, y, x + side, y + side)).resize((80, 80), Image.BICUBIC)
-    out = ImageEnhance.Brightness(out).enhance(rng.uniform(0.8, 1.2))
-    out = ImageEnhance.Color(out).enhance(rng.uniform(0.7, 1.3))
-    buf = io.BytesIO()
-    out.save(buf, format="JPEG", quality=85)
-    return buf.getvalue()
-
-
-def add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(payload)
-    tar.addfile(info, io.BytesIO(payload))
-
-
-def write_shards(folder: Path) -> Path:
-    """SHARDS tar shards of `<key>.jpg/.txt/.json` members and a manifest.json."""
-    rng = random.Random(0)
-    samples = [(name, caption) for name, caption in PHOTOS.items()] * SAMPLES_PER_PHOTO
-    rng.shuffle(samples)
-    images = {name: photo(name) for name in PHOTOS}
-    per_shard = len(samples) // SHARDS
-    entries = []
-    for s in range(SHARDS):
-        path = folder / f"shard-{s:06d}.tar"
-        chunk = samples[s * per_shard : (s + 1) * per_shard]
-        with tarfile.open(path, "w") as tar:
-            for i, (name, caption) in enumerate(chunk):
-                key = f"{s:03d}{i:05d}"
-                add_member(tar, f"{key}.jpg", variant(images[name], rng))
-                add_member(tar, f"{key}.txt", caption.encode())
-                add_member(tar, f"{key}.json", json.dumps({"photo": name}).encode())
-        raw = path.read_bytes()
-        entries.append(
-            {
-                "name": path.name,
-                "samples": len(chunk),
-                "bytes": len(raw),
-                "sha256": hashlib.sha256(raw).hexdigest(),
-            }
-        )
-    manifest = {
-        "format": "mmcurate/1",
-        "samples": per_shard * SHARDS,
-        "shards": entries,
-        "config": {"note": "made by tests/trainer/test_trainer.py"},
-    }
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    return folder / "manifest.json"
 
 
 @pytest.fixture(scope="module")
 def manifest_path(tmp_path_factory) -> Path:
     return write_shards(tmp_path_factory.mktemp("shards"))
-
-
-def tree(manifest: Path, output: Path, **run) -> dict:
-    return {
-        "data": {"manifest": str(manifest), "batch_size": 16, "workers": 2, "seed": 0},
-        "model": {"name": "mmcurate-tiny"},
-        "optim": {"lr": 1e-3, "warmup_steps": 5, "weight_decay": 0.1},
-        "run": {"output": str(output), "log_every": 1, **run},
-    }
 
 
 @pytest.fixture(scope="module")

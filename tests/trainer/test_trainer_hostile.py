@@ -14,7 +14,8 @@ import yaml
 from mmcurate.trainer.cli import main
 
 from tests.kit_shards import write_uneven_shards
-from tests.trainer.test_loader import REPO
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

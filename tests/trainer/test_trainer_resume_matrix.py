@@ -23,7 +23,8 @@ from mmcurate.trainer.resume import previous_checkpoint
 from mmcurate.trainer.train import train
 
 from tests.kit_shards import write_uneven_shards
-from tests.trainer.test_loader import REPO
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CHILD = str(REPO / "tests" / "trainer_resume_child.py")
