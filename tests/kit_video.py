@@ -8,9 +8,16 @@ from mmcurate.pipeline.video_data import encode_video
 import mmcurate
 
 
-def clip_build(root: Path, clips: list[tuple[int, tuple[int, int]]], **source: Any) -> str:
+def clip_build(
+    root: Path,
+    clips: list[tuple[int, tuple[int, int]]],
+    shard_max_samples: int = 2,
+    out: str = "out",
+    **source: Any,
+) -> str:
     """A `videos` build of one clip per (frames, (width, height)) at 24 fps, numbered frames,
-    `caption i`; `source` adds source options (e.g. files_per_task). The manifest's path."""
+    `caption i`, from root/in into root/`out`; `source` adds source options (e.g.
+    files_per_task). The manifest's path."""
     folder = root / "in"
     folder.mkdir()
     for i, (frames, size) in enumerate(clips):
@@ -19,6 +26,6 @@ def clip_build(root: Path, clips: list[tuple[int, tuple[int, int]]], **source: A
     config = {
         "source": {"kind": "videos", "path": str(folder), **source},
         "stages": [],
-        "output": {"path": str(root / "out"), "shard_max_samples": 2},
+        "output": {"path": str(root / out), "shard_max_samples": shard_max_samples},
     }
     return mmcurate.build(config)["manifest"]

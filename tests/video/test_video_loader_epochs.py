@@ -5,9 +5,9 @@ loader gives at each place, and a resume or a `break` still continues exactly.""
 from multiprocessing import active_children
 
 import pytest
-from mmcurate.pipeline.video_data import encode_video
 
 import mmcurate
+from tests.kit_video import clip_build
 
 T = 4  # the window
 # 16 frames first (every clip has them), the schedule's size and 4 frames from step 5 on:
@@ -19,18 +19,8 @@ SCHEDULE = [{"step": 0, "frames": 6}, {"step": 5, "size": "32x24", "frames": T}]
 def manifest(tmp_path_factory):
     """8 clips of 10-17 frames, half 64x48 and half 48x64, in shards of 3 samples."""
     root = tmp_path_factory.mktemp("video_epochs")
-    source = root / "in"
-    source.mkdir()
-    for i in range(8):
-        size = (64, 48) if i % 2 else (48, 64)
-        (source / f"clip{i}.mp4").write_bytes(encode_video(10 + i, 24, size=size))
-        (source / f"clip{i}.txt").write_text(f"caption {i}")
-    config = {
-        "source": {"kind": "videos", "path": str(source), "files_per_task": 3},
-        "stages": [],
-        "output": {"path": str(root / "out"), "shard_max_samples": 3},
-    }
-    return mmcurate.build(config)["manifest"]
+    clips = [(10 + i, (64, 48) if i % 2 else (48, 64)) for i in range(8)]
+    return clip_build(root, clips, shard_max_samples=3, files_per_task=3)
 
 
 def loader_of(manifest, workers, schedule=SCHEDULE):

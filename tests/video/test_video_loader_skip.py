@@ -7,27 +7,16 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from mmcurate.pipeline.video_data import encode_video
-
 import mmcurate
+from tests.kit_video import clip_build
 
 T = 8
 BROKEN = "48x64"  # every clip of this bucket is zeroed after the loader indexed it
 
 
 def build(root: Path) -> tuple[str, dict[str, str]]:
-    source = root / "in"
-    source.mkdir()
-    for i in range(8):
-        size = (64, 48) if i % 2 else (48, 64)
-        (source / f"clip{i}.mp4").write_bytes(encode_video(12 + i, 24, size=size))
-        (source / f"clip{i}.txt").write_text(f"caption {i}")
-    config = {
-        "source": {"kind": "videos", "path": str(source)},
-        "stages": [],
-        "output": {"path": str(root / "out"), "shard_max_samples": 3},
-    }
-    manifest = mmcurate.build(config)["manifest"]
+    clips = [(12 + i, (64, 48) if i % 2 else (48, 64)) for i in range(8)]
+    manifest = clip_build(root, clips, shard_max_samples=3)
     sizes = {f"clip{i}": "64x48" if i % 2 else "48x64" for i in range(8)}
     return manifest, sizes
 

@@ -4,9 +4,9 @@ import re
 from pathlib import Path
 
 import torch
-from mmcurate.pipeline.video_data import encode_video
 
 import mmcurate
+from tests.kit_video import clip_build
 
 RECIPES = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
 
@@ -19,18 +19,8 @@ def video_recipe() -> str:
 
 
 def test_the_docs_video_loop_trains_and_checkpoints_a_resumable_loader(tmp_path, monkeypatch):
-    source = tmp_path / "in"
-    source.mkdir()
-    for i in range(6):
-        size = (64, 48) if i % 2 else (48, 64)
-        (source / f"clip{i}.mp4").write_bytes(encode_video(12 + i, 24, size=size))
-        (source / f"clip{i}.txt").write_text(f"caption {i}")
-    config = {
-        "source": {"kind": "videos", "path": str(source)},
-        "stages": [],
-        "output": {"path": str(tmp_path / "video-clips"), "shard_max_samples": 3},
-    }
-    mmcurate.build(config)
+    clips = [(12 + i, (64, 48) if i % 2 else (48, 64)) for i in range(6)]
+    clip_build(tmp_path, clips, shard_max_samples=3, out="video-clips")
     code = video_recipe()
     assert '"video-clips/manifest.json"' in code and "loader.step % 100 == 0" in code
     # As printed but for the checkpoint's period (the small build has a few batches a run).
