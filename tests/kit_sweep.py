@@ -83,3 +83,18 @@ def picture_batch(pictures: list[bytes], captions: list[str]) -> dict:
                 batch[column].append(None)
         batch["jpg"][-1], batch["txt"][-1] = data, caption
     return batch
+
+
+def assert_refused_in_one_line(tmp_path: Path, capsys, tree: dict, message: str) -> None:
+    """`mmcurate sweep` over `tree` exits 2 with one `error:` line naming `message`, and
+    nothing ran (no output folder)."""
+    import yaml
+    from mmcurate.pipeline.sweep.run import main
+
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    assert main([str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err, err
+    assert not (tmp_path / "out").exists()  # nothing ran

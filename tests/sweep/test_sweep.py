@@ -15,6 +15,7 @@ from mmcurate.pipeline.sweep.report import recommend, summarize
 from mmcurate.pipeline.sweep.run import main
 
 from tests.browser import chromium
+from tests.kit_sweep import assert_refused_in_one_line
 
 
 def base(tmp_path: Path) -> dict:
@@ -51,13 +52,7 @@ BAD = [
 
 @pytest.mark.parametrize(("change", "message"), BAD)
 def test_bad_sweep_config_fails_in_one_line_before_anything_runs(tmp_path, capsys, change, message):
-    config = tmp_path / "sweep.yaml"
-    config.write_text(yaml.safe_dump({**base(tmp_path), **change}))
-    assert main([str(config)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    assert message in err, err
-    assert not (tmp_path / "out").exists()  # nothing ran
+    assert_refused_in_one_line(tmp_path, capsys, {**base(tmp_path), **change}, message)
 
 
 def test_dedupe_in_the_base_build_is_refused(tmp_path, capsys):

@@ -24,6 +24,7 @@ from mmcurate.trainer.models import load_eval_model, resolve_weights
 
 from tests.eval_sets import PHOTOS, photo
 from tests.kit_sweep import (
+    assert_refused_in_one_line,
     keys_of,
     make_sweep_data,
     picture_batch,
@@ -196,10 +197,4 @@ BAD = [
 def test_bad_scorer_config_fails_in_one_line_before_anything_runs(
     tmp_path, capsys, change, message
 ):
-    config = tmp_path / "sweep.yaml"
-    config.write_text(yaml.safe_dump({**base(tmp_path), **change}))
-    assert main([str(config)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    assert message in err, err
-    assert not (tmp_path / "out").exists()  # nothing ran
+    assert_refused_in_one_line(tmp_path, capsys, {**base(tmp_path), **change}, message)
